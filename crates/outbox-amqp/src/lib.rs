@@ -1,0 +1,18 @@
+//! RabbitMQ through lapin.
+//!
+//! Layout:
+//! - [`broker`]: [`Broker`], one connection, the exchange topology, and confirm channels.
+//! - [`message`]: how an [`outbox_core::OutboxRecord`] becomes an AMQP message (DESIGN §5).
+//! - [`publisher`]: [`AmqpPublisher`], the [`outbox_core::EventPublisher`] port on one
+//!   confirm channel.
+
+pub mod broker;
+pub mod message;
+pub mod publisher;
+
+pub use broker::{AmqpError, AmqpSettings, Broker};
+pub use message::MessageSettings;
+pub use publisher::AmqpPublisher;
+
+/// `app_id` of every message.
+pub const APP_ID: &str = "outbox-relay";

@@ -1,0 +1,29 @@
+//! The outbox-relay domain, free of I/O.
+//!
+//! Layout:
+//! - [`record`]: an outbox row as the relay sees it ([`OutboxRecord`]) and its [`Status`].
+//! - [`options`]: the relay's normalised options ([`RelayOptions`], [`Ordering`]).
+//! - [`retry`]: what happens to a failed event ([`RetryPolicy`] → [`FailureDecision`]).
+//! - [`routing`]: exchange and routing key of an event ([`Router`]).
+//! - [`error_text`]: `last_error` trimming ([`trim_error`]).
+//! - [`outcome`]: what a publish attempt came to ([`OutcomeKind`]) and a flush of them ([`MarkBatch`]).
+//! - [`ports`]: the two traits through which the relay reaches the world:
+//!   [`OutboxStore`] (the database) and [`EventPublisher`] (the broker).
+
+pub mod error_text;
+pub mod options;
+pub mod outcome;
+pub mod ports;
+pub mod record;
+pub mod retry;
+pub mod routing;
+
+pub use error_text::{trim_error, MAX_ERROR_BYTES};
+pub use options::{Normalised, Ordering, RelayOptions};
+pub use outcome::{Failure, MarkBatch, OutcomeKind};
+pub use ports::{
+    ClaimRequest, Confirm, EventPublisher, OutboxStats, OutboxStore, PublishError, StoreError,
+};
+pub use record::{OutboxRecord, Status};
+pub use retry::{FailureDecision, RetryPolicy, RetryStrategy};
+pub use routing::{Route, Router, RoutingError, RoutingKeyTemplate};

@@ -1,0 +1,134 @@
+//! The two ports through which the relay reaches the world. Actors hold them as
+//! `Arc<dyn …>`; outbox-store and outbox-amqp implement them for real, unit tests fake them.
+
+use crate::options::Ordering;
+use crate::outcome::MarkBatch;
+use crate::record::OutboxRecord;
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use thiserror::Error;
+
+/// A database failure, as text: the core knows no driver.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum StoreError {
+    /// The database could not run a statement (connection lost, constraint, timeout…).
+    #[error("database error: {0}")]
+    Database(String),
+    /// The table or its settings are unusable.
+    #[error("outbox table error: {0}")]
+    Schema(String),
+}
+
+/// Why a publish did not end in the broker's ack.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PublishError {
+    /// `mandatory` publish that no queue was bound for: the broker returned it.
+    #[error("unroutable: exchange={exchange} routing_key={routing_key}")]
+    Unroutable {
+        /// Exchange published to.
+        exchange: String,
+        /// Routing key published with.
+        routing_key: String,
+    },
+    /// The broker nacked the message.
+    #[error("nacked by the broker: exchange={exchange} routing_key={routing_key}")]
+    Nacked {
+        /// Exchange published to.
+        exchange: String,
+        /// Routing key published with.
+        routing_key: String,
+    },
+    /// No confirm arrived within `publish_timeout`.
+    #[error("no confirm from the broker within {0:?}")]
+    Timeout(Duration),
+    /// The channel or connection failed (closed, reset, refused, channel error).
+    #[error("broker channel error: {0}")]
+    Channel(String),
+    /// The event can never be published as it is (bad headers, bad routing key,
+    /// body over the broker's limit): it goes dead at once.
+    #[error("cannot be published: {0}")]
+    Invalid(String),
+}
+
+impl PublishError {
+    /// True when retrying cannot help.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, PublishError::Invalid(_))
+    }
+
+    /// Short label of the failure kind (metrics and logs).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PublishError::Unroutable { .. } => "unroutable",
+            PublishError::Nacked { .. } => "nacked",
+            PublishError::Timeout(_) => "timeout",
+            PublishError::Channel(_) => "channel",
+            PublishError::Invalid(_) => "invalid",
+        }
+    }
+}
+
+/// What the Fetcher asks of the store.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// The claiming node (`locked_by`).
+    pub node_id: String,
+    /// At most this many rows.
+    pub limit: usize,
+    /// Lease length (`locked_until = now + lease`).
+    pub lease: Duration,
+    /// Whether a row may be claimed while an earlier row of its room is still unresolved.
+    pub ordering: Ordering,
+}
+
+/// Counts for `status` and the health of the backlog.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutboxStats {
+    /// Rows with `status = 'pending'`.
+    pub pending: u64,
+    /// Rows with `status = 'published'`.
+    pub published: u64,
+    /// Rows with `status = 'dead'`.
+    pub dead: u64,
+    /// Age of the oldest pending row, if any.
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Pending rows under a valid lease, by `locked_by`.
+    pub claimed: BTreeMap<String, u64>,
+    /// Pending rows whose lease has expired without an outcome (a node died or stalled).
+    pub expired_leases: u64,
+}
+
+/// The outbox table.
+#[async_trait]
+pub trait OutboxStore: Send + Sync + 'static {
+    /// Atomically leases up to `limit` publishable rows to `node_id`, oldest id first,
+    /// and returns them in id order.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxRecord>, StoreError>;
+
+    /// Writes one batch of outcomes in one transaction. Rows no longer leased by
+    /// `node_id` keep their state, except that `published` always wins.
+    async fn mark(&self, node_id: &str, batch: &MarkBatch) -> Result<(), StoreError>;
+
+    /// Clears every lease `node_id` holds on pending rows; returns how many.
+    async fn release_node(&self, node_id: &str) -> Result<u64, StoreError>;
+
+    /// Counts by status and lease.
+    async fn stats(&self) -> Result<OutboxStats, StoreError>;
+}
+
+/// The broker's answer to one publish, awaited separately so many can be in flight.
+pub type Confirm = Pin<Box<dyn Future<Output = Result<(), PublishError>> + Send>>;
+
+/// One confirm-mode channel to the broker.
+#[async_trait]
+pub trait EventPublisher: Send + Sync + 'static {
+    /// Hands `record` to the broker and returns the future of its confirm. An error here
+    /// means the message never left (bad event, closed channel).
+    async fn publish(&self, record: &OutboxRecord) -> Result<Confirm, PublishError>;
+
+    /// Closes the channel; further publishes fail.
+    async fn close(&self);
+}

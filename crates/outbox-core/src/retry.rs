@@ -1,0 +1,154 @@
+//! What a failed publish leads to.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// `relay.retry_strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RetryStrategy {
+    /// Every retry waits `retry_interval` (the original worker's only strategy).
+    #[default]
+    FixedInterval,
+    /// `min(retry_interval * 2^retry_count, retry_max_interval)` with full jitter.
+    Exponential,
+}
+
+impl RetryStrategy {
+    /// The accepted spellings, for error messages.
+    pub const ACCEPTED: &'static str = "\"fixed_interval\" or \"exponential\"";
+
+    /// The settings spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RetryStrategy::FixedInterval => "fixed_interval",
+            RetryStrategy::Exponential => "exponential",
+        }
+    }
+}
+
+impl fmt::Display for RetryStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RetryStrategy {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fixed_interval" => Ok(RetryStrategy::FixedInterval),
+            "exponential" => Ok(RetryStrategy::Exponential),
+            _ => Err(()),
+        }
+    }
+}
+
+/// Retry settings of the relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Fixed or exponential.
+    pub strategy: RetryStrategy,
+    /// The fixed delay, or the base of the exponential one.
+    pub interval: Duration,
+    /// Cap of the exponential delay.
+    pub max_interval: Duration,
+    /// Attempts before an event goes dead; 0 retries forever.
+    pub max_attempts: u32,
+}
+
+/// What becomes of an event whose publish failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureDecision {
+    /// Stay pending; not before `delay` from now.
+    Retry {
+        /// Backoff before the next attempt.
+        delay: Duration,
+    },
+    /// Give up: `status = 'dead'`.
+    Dead,
+}
+
+impl RetryPolicy {
+    /// Decides the fate of an event that failed with `retry_count` failed attempts
+    /// before this one. A `permanent` failure can never succeed, so it is dead at once.
+    pub fn decide(&self, retry_count: i32, permanent: bool) -> FailureDecision {
+        let attempts = u32::try_from(retry_count).unwrap_or(0).saturating_add(1);
+        if permanent || (self.max_attempts > 0 && attempts >= self.max_attempts) {
+            return FailureDecision::Dead;
+        }
+        let delay = match self.strategy {
+            RetryStrategy::FixedInterval => self.interval,
+            RetryStrategy::Exponential => {
+                let exponent = u32::try_from(retry_count).unwrap_or(0).min(32);
+                let cap = self
+                    .interval
+                    .checked_mul(1u32 << exponent.min(31))
+                    .unwrap_or(self.max_interval)
+                    .min(self.max_interval);
+                // Full jitter: spreads retries of events that failed together.
+                cap.mul_f64(fastrand::f64())
+            }
+        };
+        FailureDecision::Retry { delay }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(strategy: RetryStrategy, max_attempts: u32) -> RetryPolicy {
+        RetryPolicy {
+            strategy,
+            interval: Duration::from_secs(1),
+            max_interval: Duration::from_secs(10),
+            max_attempts,
+        }
+    }
+
+    #[test]
+    fn fixed_interval_waits_the_interval() {
+        let decision = policy(RetryStrategy::FixedInterval, 0).decide(7, false);
+        assert_eq!(
+            decision,
+            FailureDecision::Retry {
+                delay: Duration::from_secs(1)
+            }
+        );
+    }
+
+    #[test]
+    fn exponential_is_capped_and_jittered() {
+        let policy = policy(RetryStrategy::Exponential, 0);
+        for retry_count in 0..40 {
+            let FailureDecision::Retry { delay } = policy.decide(retry_count, false) else {
+                panic!("unlimited attempts never go dead");
+            };
+            let cap = Duration::from_secs(1 << retry_count.min(4)).min(Duration::from_secs(10));
+            assert!(delay <= cap, "retry {retry_count}: {delay:?} > {cap:?}");
+        }
+    }
+
+    #[test]
+    fn max_attempts_turns_the_event_dead() {
+        let policy = policy(RetryStrategy::FixedInterval, 3);
+        assert!(matches!(policy.decide(0, false), FailureDecision::Retry { .. }));
+        assert!(matches!(policy.decide(1, false), FailureDecision::Retry { .. }));
+        assert_eq!(policy.decide(2, false), FailureDecision::Dead);
+    }
+
+    #[test]
+    fn permanent_failures_are_dead_at_once() {
+        let policy = policy(RetryStrategy::FixedInterval, 0);
+        assert_eq!(policy.decide(0, true), FailureDecision::Dead);
+    }
+
+    #[test]
+    fn strategies_parse_from_their_settings_spelling() {
+        assert_eq!("exponential".parse(), Ok(RetryStrategy::Exponential));
+        assert_eq!("fixed_interval".parse(), Ok(RetryStrategy::FixedInterval));
+        assert!("linear".parse::<RetryStrategy>().is_err());
+    }
+}

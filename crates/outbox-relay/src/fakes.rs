@@ -1,0 +1,232 @@
+//! In-memory fakes of the two ports, and a collector actor, for unit tests of actor logic.
+
+use actix::prelude::*;
+use async_trait::async_trait;
+use chrono::Utc;
+use outbox_core::{
+    ClaimRequest, Confirm, EventPublisher, MarkBatch, OutboxRecord, OutboxStats, OutboxStore,
+    OutcomeKind, PublishError, StoreError,
+};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+use crate::marker::Outcome;
+
+/// A record named `<room><id>` in tests, e.g. `a1`.
+pub fn record(id: i64, room: &str) -> OutboxRecord {
+    OutboxRecord {
+        id,
+        event_id: format!("{room}{id}"),
+        event_type: "room.test".into(),
+        room_id: room.into(),
+        envelope: "{}".into(),
+        headers: None,
+        retry_count: 0,
+        created_at: Utc::now(),
+    }
+}
+
+/// Polls `condition` until it holds or `deadline` passes (then panics with `what`).
+pub async fn eventually(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
+    let until = tokio::time::Instant::now() + deadline;
+    while !condition() {
+        assert!(tokio::time::Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A broker that acks, nacks the events named in `failing`, or holds confirms until told.
+#[derive(Default)]
+pub struct FakePublisher {
+    failing: HashSet<String>,
+    held: bool,
+    attempted: Mutex<Vec<String>>,
+    waiting: Mutex<Vec<oneshot::Sender<Result<(), PublishError>>>>,
+}
+
+impl FakePublisher {
+    /// Nacks the named events, acks the rest at once.
+    pub fn failing(event_ids: &[&str]) -> Arc<Self> {
+        Arc::new(Self {
+            failing: event_ids.iter().map(|id| (*id).to_owned()).collect(),
+            ..Self::default()
+        })
+    }
+
+    /// Holds every confirm until [`FakePublisher::confirm_all`].
+    pub fn held() -> Arc<Self> {
+        Arc::new(Self {
+            held: true,
+            ..Self::default()
+        })
+    }
+
+    /// Event ids handed to the broker, in order.
+    pub fn attempted(&self) -> Vec<String> {
+        self.attempted.lock().unwrap().clone()
+    }
+
+    /// Waits until `count` publishes were attempted.
+    pub async fn wait_for_attempts(&self, count: usize, deadline: Duration) {
+        eventually("publish attempts", deadline, || self.attempted.lock().unwrap().len() >= count).await;
+    }
+
+    /// Acks every held confirm.
+    pub fn confirm_all(&self) {
+        for confirm in self.waiting.lock().unwrap().drain(..) {
+            let _ = confirm.send(Ok(()));
+        }
+    }
+}
+
+#[async_trait]
+impl EventPublisher for FakePublisher {
+    async fn publish(&self, record: &OutboxRecord) -> Result<Confirm, PublishError> {
+        self.attempted.lock().unwrap().push(record.event_id.clone());
+        if self.failing.contains(&record.event_id) {
+            return Ok(Box::pin(async {
+                Err(PublishError::Nacked {
+                    exchange: "x".into(),
+                    routing_key: "k".into(),
+                })
+            }));
+        }
+        if self.held {
+            let (confirm, confirmed) = oneshot::channel();
+            self.waiting.lock().unwrap().push(confirm);
+            return Ok(Box::pin(async move {
+                confirmed
+                    .await
+                    .unwrap_or_else(|_| Err(PublishError::Channel("fake channel dropped".into())))
+            }));
+        }
+        Ok(Box::pin(async { Ok(()) }))
+    }
+
+    async fn close(&self) {}
+}
+
+/// A store that records mark batches and can fail the next few of them.
+#[derive(Default)]
+pub struct FakeStore {
+    /// Marks to fail before succeeding again.
+    pub failing_marks: AtomicUsize,
+    /// Failed mark attempts so far.
+    pub failed_marks: AtomicUsize,
+    /// Committed batches.
+    pub marks: Mutex<Vec<MarkBatch>>,
+}
+
+impl FakeStore {
+    /// Committed batches so far.
+    pub fn committed(&self) -> Vec<MarkBatch> {
+        self.marks.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl OutboxStore for FakeStore {
+    async fn claim(&self, _: &ClaimRequest) -> Result<Vec<OutboxRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn mark(&self, _: &str, batch: &MarkBatch) -> Result<(), StoreError> {
+        let fail = self
+            .failing_marks
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            self.failed_marks.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::Database("connection refused".into()));
+        }
+        self.marks.lock().unwrap().push(batch.clone());
+        Ok(())
+    }
+
+    async fn release_node(&self, _: &str) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        Ok(OutboxStats::default())
+    }
+}
+
+/// Collects every message of type `M` it receives.
+pub struct Collector<M> {
+    seen: Arc<Mutex<Vec<M>>>,
+}
+
+/// The shared view of what a [`Collector`] received.
+pub struct Seen<M> {
+    seen: Arc<Mutex<Vec<M>>>,
+}
+
+/// What a publisher reported, by event id.
+pub type Outcomes = Seen<Outcome>;
+
+impl<M: Message<Result = ()> + Send + Unpin + 'static> Collector<M> {
+    /// Starts a collector; returns its address and the view of what it receives.
+    pub fn start() -> (Addr<Self>, Seen<M>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let addr = Collector {
+            seen: Arc::clone(&seen),
+        }
+        .start();
+        (addr, Seen { seen })
+    }
+}
+
+impl<M: Message<Result = ()> + Unpin + 'static> Actor for Collector<M> {
+    type Context = Context<Self>;
+}
+
+impl<M: Message<Result = ()> + Unpin + 'static> Handler<M> for Collector<M> {
+    type Result = ();
+
+    fn handle(&mut self, message: M, _: &mut Self::Context) {
+        self.seen.lock().unwrap().push(message);
+    }
+}
+
+impl<M: Clone> Seen<M> {
+    /// Waits until at least `count` messages arrived; returns them.
+    pub async fn wait_for(&self, count: usize, deadline: Duration) -> Vec<M> {
+        eventually("collected messages", deadline, || self.seen.lock().unwrap().len() >= count).await;
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Reading a list of outcomes in tests.
+pub trait OutcomeList {
+    /// `published`, `failed` or `released` for `event_id`.
+    fn kind_of(&self, event_id: &str) -> &'static str;
+    /// Event ids with that kind, in arrival order.
+    fn ids_with(&self, kind: &str) -> Vec<String>;
+}
+
+fn kind_name(kind: &OutcomeKind) -> &'static str {
+    match kind {
+        OutcomeKind::Published => "published",
+        OutcomeKind::Failed(_) => "failed",
+        OutcomeKind::Released => "released",
+    }
+}
+
+impl OutcomeList for Vec<Outcome> {
+    fn kind_of(&self, event_id: &str) -> &'static str {
+        self.iter()
+            .find(|outcome| outcome.record.event_id == event_id)
+            .map_or("missing", |outcome| kind_name(&outcome.kind))
+    }
+
+    fn ids_with(&self, kind: &str) -> Vec<String> {
+        self.iter()
+            .filter(|outcome| kind_name(&outcome.kind) == kind)
+            .map(|outcome| outcome.record.event_id.clone())
+            .collect()
+    }
+}

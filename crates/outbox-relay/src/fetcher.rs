@@ -1,0 +1,189 @@
+//! [`Fetcher`]: claims batches and hands each record to its room's publisher.
+
+use crate::publisher::Publish;
+use crate::scheduler::Wake;
+use actix::prelude::*;
+use outbox_core::{ClaimRequest, OutboxStore};
+use std::sync::Arc;
+use tracing::{debug, warn};
+
+/// "Claim now" (from the Scheduler).
+#[derive(Message, Debug)]
+#[rtype(result = "TickReport")]
+pub struct Tick;
+
+/// What a [`Tick`] came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, MessageResponse)]
+pub struct TickReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// The claim returned as many rows as asked: more are probably waiting (drain mode).
+    pub full: bool,
+}
+
+/// Rows whose outcomes the Marker has written: capacity for new claims.
+#[derive(Message, Debug, Clone, Copy, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct Marked {
+    /// How many rows.
+    pub count: usize,
+}
+
+/// Claim nothing more; answered once any claim under way has been dispatched.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct StopClaiming;
+
+/// Claims up to `batch_size` rows per [`Tick`], one claim at a time (the Tick handler is
+/// atomic), keeps the rows in flight below `max_in_flight`, and sends each record to the
+/// publisher picked by a stable hash of its room: one room always goes through one
+/// publisher, which keeps the room's order.
+pub struct Fetcher {
+    /// The outbox table.
+    store: Arc<dyn OutboxStore>,
+    /// The publisher pool, indexed by room hash.
+    publishers: Vec<Recipient<Publish>>,
+    /// Told when capacity frees up after a refused or shortened claim.
+    scheduler: Recipient<Wake>,
+    /// Node, batch size, lease and ordering of every claim.
+    request: ClaimRequest,
+    /// Claimed rows whose outcome is not written yet.
+    in_flight: usize,
+    /// Bound on `in_flight`; also bounds the outcomes waiting in the Marker.
+    max_in_flight: usize,
+    /// A claim was refused or shortened by the bound; the Scheduler waits for a [`Wake`].
+    saturated: bool,
+    /// Shutdown has begun: no more claims.
+    stopped: bool,
+}
+
+impl Fetcher {
+    /// A fetcher claiming `request.limit` rows at a time with at most `max_in_flight`
+    /// unresolved rows.
+    pub fn new(
+        store: Arc<dyn OutboxStore>,
+        publishers: Vec<Recipient<Publish>>,
+        scheduler: Recipient<Wake>,
+        request: ClaimRequest,
+        max_in_flight: usize,
+    ) -> Self {
+        assert!(!publishers.is_empty(), "the relay needs at least one publisher");
+        Self {
+            store,
+            publishers,
+            scheduler,
+            request,
+            in_flight: 0,
+            max_in_flight: max_in_flight.max(1),
+            saturated: false,
+            stopped: false,
+        }
+    }
+}
+
+/// FNV-1a: stable across processes and Rust versions, unlike `DefaultHasher`.
+pub fn room_hash(room_id: &str) -> u64 {
+    room_id.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The publisher index for `room_id` in a pool of `pool` publishers.
+pub fn publisher_for(room_id: &str, pool: usize) -> usize {
+    (room_hash(room_id) % pool as u64) as usize
+}
+
+impl Actor for Fetcher {
+    type Context = Context<Self>;
+}
+
+impl Handler<Tick> for Fetcher {
+    type Result = AtomicResponse<Self, TickReport>;
+
+    fn handle(&mut self, _: Tick, _: &mut Self::Context) -> Self::Result {
+        let room = self.max_in_flight.saturating_sub(self.in_flight);
+        if self.stopped || room == 0 {
+            self.saturated |= !self.stopped;
+            return AtomicResponse::new(Box::pin(fut::ready(TickReport::default())));
+        }
+        let mut request = self.request.clone();
+        if room < request.limit {
+            request.limit = room;
+            self.saturated = true;
+        }
+        let store = Arc::clone(&self.store);
+        AtomicResponse::new(Box::pin(
+            async move {
+                let claimed = store.claim(&request).await;
+                (request.limit, claimed)
+            }
+            .into_actor(self)
+            .map(|(limit, claimed), fetcher, _| match claimed {
+                Ok(records) => {
+                    let claimed = records.len();
+                    fetcher.in_flight += claimed;
+                    let pool = fetcher.publishers.len();
+                    for record in records {
+                        let index = publisher_for(&record.room_id, pool);
+                        fetcher.publishers[index].do_send(Publish(record));
+                    }
+                    if claimed > 0 {
+                        debug!(claimed, in_flight = fetcher.in_flight, "claimed");
+                    }
+                    TickReport {
+                        claimed,
+                        full: claimed == limit,
+                    }
+                }
+                Err(error) => {
+                    // The next tick retries; the rows stay pending and unclaimed.
+                    warn!(%error, "claim failed; retrying at the next tick");
+                    TickReport::default()
+                }
+            }),
+        ))
+    }
+}
+
+impl Handler<Marked> for Fetcher {
+    type Result = ();
+
+    fn handle(&mut self, marked: Marked, _: &mut Self::Context) {
+        self.in_flight = self.in_flight.saturating_sub(marked.count);
+        if self.saturated && !self.stopped {
+            self.saturated = false;
+            self.scheduler.do_send(Wake);
+        }
+    }
+}
+
+impl Handler<StopClaiming> for Fetcher {
+    type Result = ();
+
+    fn handle(&mut self, _: StopClaiming, _: &mut Self::Context) {
+        // The Tick handler is atomic, so any claim under way has been dispatched by now.
+        self.stopped = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_room_always_maps_to_the_same_publisher() {
+        let first = publisher_for("room-42", 4);
+        assert!((0..100).all(|_| publisher_for("room-42", 4) == first));
+        // FNV-1a of "a" is a published test vector.
+        assert_eq!(room_hash("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn rooms_spread_over_the_pool() {
+        let mut used = [0usize; 4];
+        for room in 0..400 {
+            used[publisher_for(&format!("room-{room}"), 4)] += 1;
+        }
+        assert!(used.iter().all(|&n| n > 50), "{used:?}");
+    }
+}

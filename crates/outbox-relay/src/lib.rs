@@ -1,0 +1,32 @@
+//! The relay's actors and its lifecycle (DESIGN §3, §7).
+//!
+//! ```text
+//! Scheduler --Tick--> Fetcher --Publish--> Publisher[0..N] --Outcome--> Marker
+//!     ^                  |  (stable hash of room_id picks the publisher)   |
+//!     +------Wake--------+<------------------ Marked ----------------------+
+//! ```
+//!
+//! - [`scheduler`]: when to claim — at start, every `poll_interval`, at once again while
+//!   claims come back full, and when capacity frees up.
+//! - [`fetcher`]: claims batches through the [`outbox_core::OutboxStore`] port, bounds the
+//!   rows in flight, routes each record to its room's publisher.
+//! - [`publisher`]: one per confirm channel; many publishes in flight, at most one per
+//!   room under `per_room` ordering; holds back a room behind a failure.
+//! - [`marker`]: the single writer of outcomes; batches them, decides retry or dead, and
+//!   never drops one (a failed flush is retried).
+//! - [`relay`]: wires the actors and shuts them down in order.
+
+pub mod fetcher;
+pub mod marker;
+pub mod publisher;
+pub mod relay;
+pub mod scheduler;
+
+pub use fetcher::{Fetcher, Marked, StopClaiming, Tick, TickReport};
+pub use marker::{Marker, Outcome};
+pub use publisher::{Drain, Publish, Publisher};
+pub use relay::{Relay, ShutdownError};
+pub use scheduler::{Scheduler, Wake};
+
+#[cfg(test)]
+mod fakes;

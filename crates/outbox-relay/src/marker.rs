@@ -1,0 +1,377 @@
+//! [`Marker`]: the single writer of outcomes.
+
+use crate::fetcher::Marked;
+use actix::prelude::*;
+use chrono::Utc;
+use outbox_core::{
+    trim_error, Failure, FailureDecision, MarkBatch, OutboxRecord, OutboxStore, OutcomeKind,
+    RetryPolicy,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tracing::{debug, error, info, warn};
+
+/// What became of one claimed record (from a Publisher).
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct Outcome {
+    /// The record.
+    pub record: OutboxRecord,
+    /// What happened to it.
+    pub kind: OutcomeKind,
+}
+
+/// Flush everything, then stop. Answered once every outcome is written.
+pub use crate::publisher::Drain;
+
+/// How the Marker batches.
+#[derive(Debug, Clone)]
+pub struct MarkerOptions {
+    /// The `worker` log field.
+    pub worker: String,
+    /// This node; outcomes only touch rows it still holds (except `published`).
+    pub node_id: String,
+    /// Retry or dead.
+    pub retry: RetryPolicy,
+    /// Flush at once when this many outcomes wait.
+    pub max_batch: usize,
+    /// Otherwise flush this long after the first outcome arrived.
+    pub max_delay: Duration,
+}
+
+/// One decided outcome, kept until its flush is committed and then logged.
+#[derive(Debug)]
+struct Decided {
+    record: OutboxRecord,
+    status: &'static str,
+    error: Option<String>,
+}
+
+/// Batches outcomes into one transaction per flush and serialises the flushes. Outcomes
+/// keep arriving while a flush runs, so publishers never wait for the database. A failed
+/// flush is logged as `batch_failed` and retried with backoff, with the very same batch:
+/// an outcome is never dropped. The rows waiting here are bounded by the Fetcher's
+/// in-flight limit, since [`Marked`] frees capacity only after a commit.
+pub struct Marker {
+    /// The outbox table.
+    store: Arc<dyn OutboxStore>,
+    /// Told how many rows each commit resolved.
+    fetcher: Recipient<Marked>,
+    /// Batching and retry settings.
+    options: MarkerOptions,
+    /// Outcomes not yet in a flush.
+    waiting: Vec<Outcome>,
+    /// The flush under way or waiting to be retried, with what to log once committed.
+    flushing: Option<(Arc<MarkBatch>, Vec<Decided>)>,
+    /// A delayed flush is scheduled.
+    scheduled: bool,
+    /// Backoff before retrying a failed flush.
+    backoff: Duration,
+    /// Answered once everything is written (shutdown).
+    drained: Vec<oneshot::Sender<()>>,
+}
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+impl Marker {
+    /// A marker writing to `store` and reporting commits to `fetcher`.
+    pub fn new(store: Arc<dyn OutboxStore>, fetcher: Recipient<Marked>, options: MarkerOptions) -> Self {
+        Self {
+            store,
+            fetcher,
+            options,
+            waiting: Vec::new(),
+            flushing: None,
+            scheduled: false,
+            backoff: FIRST_BACKOFF,
+            drained: Vec::new(),
+        }
+    }
+
+    /// Turns outcomes into one batch of row updates, deciding retry or dead for failures.
+    fn decide(&self, outcomes: Vec<Outcome>) -> (MarkBatch, Vec<Decided>) {
+        let now = Utc::now();
+        let mut batch = MarkBatch::default();
+        let mut decided = Vec::with_capacity(outcomes.len());
+        for Outcome { record, kind } in outcomes {
+            let (status, error) = match kind {
+                OutcomeKind::Published => {
+                    batch.published.push(record.id);
+                    ("published", None)
+                }
+                OutcomeKind::Released => {
+                    batch.released.push(record.id);
+                    ("released", None)
+                }
+                OutcomeKind::Failed(failure) => {
+                    let error = trim_error(&failure.to_string());
+                    let row = Failure {
+                        id: record.id,
+                        error: error.clone(),
+                    };
+                    match self.options.retry.decide(record.retry_count, failure.is_permanent()) {
+                        FailureDecision::Retry { delay } => {
+                            let delay = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+                            batch.retried.push((row, now.checked_add_signed(delay).unwrap_or(now)));
+                            ("pending", Some(error))
+                        }
+                        FailureDecision::Dead => {
+                            batch.dead.push(row);
+                            ("dead", Some(error))
+                        }
+                    }
+                }
+            };
+            decided.push(Decided { record, status, error });
+        }
+        (batch, decided)
+    }
+
+    fn schedule(&mut self, ctx: &mut Context<Self>) {
+        if self.waiting.len() >= self.options.max_batch || !self.drained.is_empty() {
+            self.flush(ctx);
+        } else if !self.scheduled && !self.waiting.is_empty() {
+            self.scheduled = true;
+            ctx.run_later(self.options.max_delay, |marker, ctx| {
+                marker.scheduled = false;
+                marker.flush(ctx);
+            });
+        }
+    }
+
+    /// Starts a flush of what waits, unless one is under way (its completion flushes again).
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.flushing.is_some() {
+            return;
+        }
+        if self.waiting.is_empty() {
+            self.stop_if_drained(ctx);
+            return;
+        }
+        let take = self.waiting.len().min(self.options.max_batch);
+        let outcomes: Vec<Outcome> = self.waiting.drain(..take).collect();
+        let (batch, decided) = self.decide(outcomes);
+        self.flushing = Some((Arc::new(batch), decided));
+        self.write(ctx);
+    }
+
+    /// Writes the batch in `flushing`; on failure, keeps it and tries again later.
+    fn write(&mut self, ctx: &mut Context<Self>) {
+        let Some((batch, _)) = &self.flushing else { return };
+        let batch = Arc::clone(batch);
+        let store = Arc::clone(&self.store);
+        let node_id = self.options.node_id.clone();
+        async move { store.mark(&node_id, &batch).await }
+            .into_actor(self)
+            .map(|result, marker, ctx| match result {
+                Ok(()) => {
+                    marker.backoff = FIRST_BACKOFF;
+                    if let Some((_, decided)) = marker.flushing.take() {
+                        marker.log_committed(&decided);
+                        marker.fetcher.do_send(Marked { count: decided.len() });
+                    }
+                    marker.flush(ctx);
+                }
+                Err(error) => {
+                    let rows = marker.flushing.as_ref().map_or(0, |(batch, _)| batch.len());
+                    warn!(
+                        worker = %marker.options.worker,
+                        node_id = %marker.options.node_id,
+                        status = "batch_failed",
+                        rows,
+                        retry_in = ?marker.backoff,
+                        %error,
+                        "writing outcomes failed; keeping them and retrying"
+                    );
+                    ctx.run_later(marker.backoff, |marker, ctx| marker.write(ctx));
+                    marker.backoff = (marker.backoff * 2).min(MAX_BACKOFF);
+                }
+            })
+            .spawn(ctx);
+    }
+
+    fn log_committed(&self, decided: &[Decided]) {
+        let worker = self.options.worker.as_str();
+        let node_id = self.options.node_id.as_str();
+        for Decided { record, status, error } in decided {
+            let error = error.as_deref().unwrap_or("");
+            macro_rules! outcome {
+                ($level:ident, $status:expr, $retry_count:expr, $message:literal) => {
+                    $level!(
+                        worker,
+                        node_id,
+                        event_id = %record.event_id,
+                        event_type = %record.event_type,
+                        room_id = %record.room_id,
+                        retry_count = $retry_count,
+                        status = $status,
+                        error,
+                        $message
+                    )
+                };
+            }
+            match *status {
+                "published" => outcome!(debug, "published", record.retry_count, "event published"),
+                "pending" => outcome!(warn, "pending", record.retry_count + 1, "publish failed; will retry"),
+                "dead" => outcome!(error, "dead", record.retry_count + 1, "publish failed; event is dead"),
+                _ if !self.drained.is_empty() => {
+                    outcome!(info, "stopped", record.retry_count, "released on shutdown")
+                }
+                _ => outcome!(debug, "released", record.retry_count, "held back behind its room"),
+            }
+        }
+    }
+
+    fn stop_if_drained(&mut self, ctx: &mut Context<Self>) {
+        if !self.drained.is_empty() && self.waiting.is_empty() && self.flushing.is_none() {
+            for done in self.drained.drain(..) {
+                let _ = done.send(());
+            }
+            ctx.stop();
+        }
+    }
+}
+
+impl Actor for Marker {
+    type Context = Context<Self>;
+
+    fn stopping(&mut self, _: &mut Self::Context) -> Running {
+        if self.waiting.is_empty() && self.flushing.is_none() {
+            Running::Stop
+        } else {
+            Running::Continue
+        }
+    }
+}
+
+impl Handler<Outcome> for Marker {
+    type Result = ();
+
+    fn handle(&mut self, outcome: Outcome, ctx: &mut Self::Context) {
+        self.waiting.push(outcome);
+        self.schedule(ctx);
+    }
+}
+
+impl Handler<Drain> for Marker {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Drain, ctx: &mut Self::Context) -> Self::Result {
+        let (done, drained) = oneshot::channel();
+        self.drained.push(done);
+        self.flush(ctx);
+        Box::pin(async move {
+            let _ = drained.await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fakes::{eventually, record, Collector, FakeStore};
+    use outbox_core::{PublishError, RetryStrategy};
+    use std::sync::atomic::Ordering as AtomicOrdering;
+
+    const DEADLINE: Duration = Duration::from_secs(5);
+
+    fn options(max_batch: usize, max_attempts: u32) -> MarkerOptions {
+        MarkerOptions {
+            worker: "room_outbox".into(),
+            node_id: "node-a".into(),
+            retry: RetryPolicy {
+                strategy: RetryStrategy::FixedInterval,
+                interval: Duration::from_secs(1),
+                max_interval: Duration::from_secs(60),
+                max_attempts,
+            },
+            max_batch,
+            // Long enough that only the batch size or a drain triggers a flush.
+            max_delay: Duration::from_secs(3600),
+        }
+    }
+
+    fn failed(id: i64, retry_count: i32) -> Outcome {
+        let mut record = record(id, "a");
+        record.retry_count = retry_count;
+        Outcome {
+            record,
+            kind: OutcomeKind::Failed(PublishError::Timeout(Duration::from_secs(3))),
+        }
+    }
+
+    fn published(id: i64) -> Outcome {
+        Outcome {
+            record: record(id, "b"),
+            kind: OutcomeKind::Published,
+        }
+    }
+
+    #[actix_rt::test]
+    async fn outcomes_are_written_in_one_batch() {
+        let store = Arc::new(FakeStore::default());
+        let (fetcher, marked) = Collector::<Marked>::start();
+        let marker = Marker::new(store.clone(), fetcher.recipient(), options(3, 0)).start();
+        marker.do_send(published(1));
+        marker.do_send(published(2));
+        marker.do_send(failed(3, 0));
+        eventually("a committed batch", DEADLINE, || !store.committed().is_empty()).await;
+        let batches = store.committed();
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].published, vec![1, 2]);
+        assert_eq!(batches[0].retried.len(), 1);
+        assert!(batches[0].retried[0].0.error.contains("no confirm"), "{:?}", batches[0].retried);
+        let marked = marked.wait_for(1, DEADLINE).await;
+        assert_eq!(marked[0].count, 3, "capacity for three rows goes back to the fetcher");
+    }
+
+    #[actix_rt::test]
+    async fn a_failed_flush_is_retried_and_nothing_is_dropped() {
+        let store = Arc::new(FakeStore::default());
+        store.failing_marks.store(2, AtomicOrdering::SeqCst);
+        let (fetcher, marked) = Collector::<Marked>::start();
+        let marker = Marker::new(store.clone(), fetcher.recipient(), options(2, 0)).start();
+        marker.do_send(published(1));
+        marker.do_send(published(2));
+        let marked = marked.wait_for(1, DEADLINE).await;
+        assert_eq!(store.failed_marks.load(AtomicOrdering::SeqCst), 2);
+        let batches = store.committed();
+        assert_eq!(batches.len(), 1, "the same batch, written once");
+        assert_eq!(batches[0].published, vec![1, 2]);
+        assert_eq!(marked[0].count, 2);
+    }
+
+    #[actix_rt::test]
+    async fn max_attempts_turns_an_event_dead() {
+        let store = Arc::new(FakeStore::default());
+        let (fetcher, _marked) = Collector::<Marked>::start();
+        let marker = Marker::new(store.clone(), fetcher.recipient(), options(2, 3)).start();
+        marker.do_send(failed(1, 1));
+        marker.do_send(failed(2, 2));
+        eventually("a committed batch", DEADLINE, || !store.committed().is_empty()).await;
+        let batch = &store.committed()[0];
+        assert_eq!(batch.retried.iter().map(|(f, _)| f.id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(batch.dead.iter().map(|f| f.id).collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[actix_rt::test]
+    async fn drain_writes_what_waits_then_stops() {
+        let store = Arc::new(FakeStore::default());
+        let (fetcher, _marked) = Collector::<Marked>::start();
+        let marker = Marker::new(store.clone(), fetcher.recipient(), options(100, 0)).start();
+        marker.do_send(published(1));
+        marker.do_send(Outcome {
+            record: record(2, "c"),
+            kind: OutcomeKind::Released,
+        });
+        assert!(store.committed().is_empty(), "below the batch size nothing is written yet");
+        marker.send(Drain).await.expect("drain answered");
+        let batches = store.committed();
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].published, vec![1]);
+        assert_eq!(batches[0].released, vec![2]);
+        eventually("the marker to stop", DEADLINE, || !marker.connected()).await;
+    }
+}

@@ -1,0 +1,244 @@
+//! [`Publisher`]: publishes records on one confirm channel with many confirms in flight.
+
+use crate::marker::Outcome;
+use actix::prelude::*;
+use outbox_core::{EventPublisher, Ordering, OutboxRecord, OutcomeKind, PublishError};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// Publish this record (from the Fetcher).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Publish(pub OutboxRecord);
+
+/// Finish what is in flight, release what has not started, then stop. Answered when done.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Drain;
+
+/// One publisher of the pool. Owns one confirm channel (behind the [`EventPublisher`]
+/// port) and keeps many publishes in flight. Under `per_room` ordering a room has at most
+/// one unconfirmed message: later records of the room wait in its queue, and when a
+/// publish fails they are released, not published, so the room stays in order.
+pub struct Publisher {
+    /// The confirm channel.
+    port: Arc<dyn EventPublisher>,
+    /// Where every outcome goes.
+    marker: Recipient<Outcome>,
+    /// Per-room order or none.
+    ordering: Ordering,
+    /// Under `per_room`: rooms with a publish in flight, and their waiting records.
+    rooms: HashMap<String, VecDeque<OutboxRecord>>,
+    /// Publishes awaiting their confirm.
+    in_flight: usize,
+    /// Set by [`Drain`]: answered once `in_flight` reaches zero.
+    drained: Vec<oneshot::Sender<()>>,
+    /// Draining: nothing new starts.
+    draining: bool,
+}
+
+impl Publisher {
+    /// A publisher on `port`, reporting to `marker`.
+    pub fn new(port: Arc<dyn EventPublisher>, marker: Recipient<Outcome>, ordering: Ordering) -> Self {
+        Self {
+            port,
+            marker,
+            ordering,
+            rooms: HashMap::new(),
+            in_flight: 0,
+            drained: Vec::new(),
+            draining: false,
+        }
+    }
+
+    fn report(&self, record: OutboxRecord, kind: OutcomeKind) {
+        self.marker.do_send(Outcome { record, kind });
+    }
+
+    fn start(&mut self, record: OutboxRecord, ctx: &mut Context<Self>) {
+        self.in_flight += 1;
+        let port = Arc::clone(&self.port);
+        async move {
+            let result = match port.publish(&record).await {
+                Ok(confirm) => confirm.await,
+                Err(error) => Err(error),
+            };
+            (record, result)
+        }
+        .into_actor(self)
+        .map(|(record, result), publisher, ctx| publisher.finish(record, result, ctx))
+        .spawn(ctx);
+    }
+
+    fn finish(
+        &mut self,
+        record: OutboxRecord,
+        result: Result<(), PublishError>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.in_flight -= 1;
+        let room = record.room_id.clone();
+        let failed = result.is_err();
+        self.report(
+            record,
+            match result {
+                Ok(()) => OutcomeKind::Published,
+                Err(error) => OutcomeKind::Failed(error),
+            },
+        );
+        if self.ordering == Ordering::PerRoom {
+            let next = match self.rooms.get_mut(&room) {
+                Some(queue) if !failed && !self.draining => queue.pop_front(),
+                _ => None,
+            };
+            match next {
+                Some(next) => self.start(next, ctx),
+                None => {
+                    // Failed (hold the room back), draining, or nothing waiting: give the
+                    // rest of the room back; its next claim comes after this outcome.
+                    for waiting in self.rooms.remove(&room).unwrap_or_default() {
+                        self.report(waiting, OutcomeKind::Released);
+                    }
+                }
+            }
+        }
+        self.stop_if_drained(ctx);
+    }
+
+    fn stop_if_drained(&mut self, ctx: &mut Context<Self>) {
+        if self.draining && self.in_flight == 0 {
+            for done in self.drained.drain(..) {
+                let _ = done.send(());
+            }
+            ctx.stop();
+        }
+    }
+}
+
+impl Actor for Publisher {
+    type Context = Context<Self>;
+
+    fn stopping(&mut self, _: &mut Self::Context) -> Running {
+        // Confirms still due are outcomes the Marker must hear about.
+        if self.in_flight > 0 {
+            Running::Continue
+        } else {
+            Running::Stop
+        }
+    }
+}
+
+impl Handler<Publish> for Publisher {
+    type Result = ();
+
+    fn handle(&mut self, Publish(record): Publish, ctx: &mut Self::Context) {
+        if self.draining {
+            self.report(record, OutcomeKind::Released);
+            return;
+        }
+        if self.ordering == Ordering::PerRoom {
+            if let Some(queue) = self.rooms.get_mut(&record.room_id) {
+                queue.push_back(record);
+                return;
+            }
+            self.rooms.insert(record.room_id.clone(), VecDeque::new());
+        }
+        self.start(record, ctx);
+    }
+}
+
+impl Handler<Drain> for Publisher {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Drain, ctx: &mut Self::Context) -> Self::Result {
+        self.draining = true;
+        let waiting: Vec<OutboxRecord> = self.rooms.values_mut().flat_map(|queue| queue.drain(..)).collect();
+        for record in waiting {
+            self.report(record, OutcomeKind::Released);
+        }
+        let (done, drained) = oneshot::channel();
+        self.drained.push(done);
+        self.stop_if_drained(ctx);
+        Box::pin(async move {
+            let _ = drained.await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fakes::{eventually, record, Collector, FakePublisher, OutcomeList, Outcomes};
+    use std::time::Duration;
+
+    fn publisher(port: Arc<FakePublisher>, ordering: Ordering) -> (Addr<Publisher>, Outcomes) {
+        let (collector, outcomes) = Collector::start();
+        let publisher = Publisher::new(port, collector.recipient(), ordering).start();
+        (publisher, outcomes)
+    }
+
+    #[actix_rt::test]
+    async fn failed_event_holds_back_its_room() {
+        let port = FakePublisher::failing(&["a1"]);
+        let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
+        for (id, room) in [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "b")] {
+            publisher.do_send(Publish(record(id, room)));
+        }
+        let seen = outcomes.wait_for(5, Duration::from_secs(5)).await;
+        assert_eq!(seen.kind_of("a1"), "failed");
+        assert_eq!(seen.kind_of("a2"), "released");
+        assert_eq!(seen.kind_of("a3"), "released");
+        assert_eq!(seen.kind_of("b4"), "published");
+        assert_eq!(seen.kind_of("b5"), "published");
+        assert_eq!(port.attempted(), vec!["a1", "b4", "b5"], "held-back events never reach the broker");
+    }
+
+    #[actix_rt::test]
+    async fn a_room_has_one_unconfirmed_message_at_a_time() {
+        let port = FakePublisher::held();
+        let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
+        for (id, room) in [(1, "a"), (2, "a"), (3, "b")] {
+            publisher.do_send(Publish(record(id, room)));
+        }
+        port.wait_for_attempts(2, Duration::from_secs(5)).await;
+        assert_eq!(port.attempted(), vec!["a1", "b3"], "a2 waits for a1's confirm");
+        port.confirm_all();
+        port.wait_for_attempts(3, Duration::from_secs(5)).await;
+        assert_eq!(port.attempted(), vec!["a1", "b3", "a2"], "a2 goes once a1 is confirmed");
+        port.confirm_all();
+        let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
+        assert_eq!(seen.ids_with("published").len(), 3);
+    }
+
+    #[actix_rt::test]
+    async fn without_ordering_a_failure_holds_nothing_back() {
+        let port = FakePublisher::failing(&["a1"]);
+        let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::None);
+        for (id, room) in [(1, "a"), (2, "a"), (3, "a")] {
+            publisher.do_send(Publish(record(id, room)));
+        }
+        let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
+        assert_eq!(seen.kind_of("a1"), "failed");
+        assert_eq!(seen.kind_of("a2"), "published");
+        assert_eq!(seen.kind_of("a3"), "published");
+    }
+
+    #[actix_rt::test]
+    async fn drain_finishes_in_flight_publishes_and_releases_the_rest() {
+        let port = FakePublisher::held();
+        let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
+        for (id, room) in [(1, "a"), (2, "a"), (3, "b")] {
+            publisher.do_send(Publish(record(id, room)));
+        }
+        port.wait_for_attempts(2, Duration::from_secs(5)).await;
+        let drained = publisher.send(Drain);
+        let seen = outcomes.wait_for(1, Duration::from_secs(5)).await;
+        assert_eq!(seen.kind_of("a2"), "released", "not started, so given back at once");
+        port.confirm_all();
+        drained.await.expect("drain answered");
+        let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
+        assert_eq!(seen.ids_with("published"), vec!["a1", "b3"]);
+        eventually("the publisher to stop", Duration::from_secs(5), || !publisher.connected()).await;
+    }
+}

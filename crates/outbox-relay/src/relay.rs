@@ -1,0 +1,135 @@
+//! [`Relay`]: starts the actors, wired as DESIGN §3 draws them, and stops them in order.
+
+use crate::fetcher::{Fetcher, StopClaiming};
+use crate::marker::{Marker, MarkerOptions};
+use crate::publisher::{Drain, Publisher};
+use crate::scheduler::{Scheduler, StopTicking};
+use actix::prelude::*;
+use outbox_core::{ClaimRequest, EventPublisher, OutboxStore, RelayOptions, StoreError};
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tracing::{info, warn};
+
+/// The graceful shutdown did not finish in time.
+#[derive(Debug, Error)]
+#[error("shutdown did not finish within {0:?}; leases of unfinished rows will expire on their own")]
+pub struct ShutdownError(pub Duration);
+
+/// How long the Marker lets outcomes gather before a flush.
+const MARK_DELAY: Duration = Duration::from_millis(5);
+
+/// A running relay: one Scheduler, one Fetcher, a Publisher per port, one Marker.
+pub struct Relay {
+    scheduler: Addr<Scheduler>,
+    fetcher: Addr<Fetcher>,
+    publishers: Vec<Addr<Publisher>>,
+    marker: Addr<Marker>,
+    /// Closed after the publishers drained, before the Marker's last flush.
+    ports: Vec<Arc<dyn EventPublisher>>,
+    store: Arc<dyn OutboxStore>,
+    options: RelayOptions,
+}
+
+impl Relay {
+    /// Starts the actors on the current actix system: one Publisher per port.
+    /// Leases left by an earlier process with the same `node_id` are released first, so
+    /// none of this node's rows stays locked by a process that no longer exists.
+    pub async fn start(
+        store: Arc<dyn OutboxStore>,
+        ports: Vec<Arc<dyn EventPublisher>>,
+        options: RelayOptions,
+    ) -> Result<Self, StoreError> {
+        assert!(!ports.is_empty(), "the relay needs at least one publisher port");
+        let released = store.release_node(&options.node_id).await?;
+        if released > 0 {
+            info!(released, node_id = %options.node_id, "released leases left by an earlier run of this node");
+        }
+        // Scheduler and Fetcher, Fetcher and Marker know each other: take their addresses
+        // before starting them.
+        let scheduler_ctx = Context::<Scheduler>::new();
+        let fetcher_ctx = Context::<Fetcher>::new();
+        let marker = Marker::new(
+            Arc::clone(&store),
+            fetcher_ctx.address().recipient(),
+            MarkerOptions {
+                worker: options.name.clone(),
+                node_id: options.node_id.clone(),
+                retry: options.retry.clone(),
+                max_batch: options.batch_size,
+                max_delay: MARK_DELAY,
+            },
+        )
+        .start();
+        let publishers: Vec<Addr<Publisher>> = ports
+            .iter()
+            .map(|port| Publisher::new(Arc::clone(port), marker.clone().recipient(), options.ordering).start())
+            .collect();
+        let fetcher = fetcher_ctx.run(Fetcher::new(
+            Arc::clone(&store),
+            publishers.iter().map(|p| p.clone().recipient()).collect(),
+            scheduler_ctx.address().recipient(),
+            ClaimRequest {
+                node_id: options.node_id.clone(),
+                limit: options.batch_size,
+                lease: options.lease,
+                ordering: options.ordering,
+            },
+            // One batch in flight while the next is claimed.
+            options.batch_size * 2,
+        ));
+        let scheduler = scheduler_ctx.run(Scheduler::new(fetcher.clone().recipient(), options.poll_interval));
+        info!(
+            worker = %options.name,
+            node_id = %options.node_id,
+            publishers = ports.len(),
+            batch_size = options.batch_size,
+            ordering = %options.ordering,
+            "relay started"
+        );
+        Ok(Self {
+            scheduler,
+            fetcher,
+            publishers,
+            marker,
+            ports,
+            store,
+            options,
+        })
+    }
+
+    /// The options the relay runs with.
+    pub fn options(&self) -> &RelayOptions {
+        &self.options
+    }
+
+    /// Stops in order (DESIGN §7): no more ticks, no more claims, publishers finish what is
+    /// in flight and release the rest, channels close, the Marker writes every outcome, and
+    /// any lease this node still holds is cleared. Bounded by `shutdown_timeout`.
+    pub async fn shutdown(self) -> Result<(), ShutdownError> {
+        let limit = self.options.shutdown_timeout;
+        tokio::time::timeout(limit, self.drain())
+            .await
+            .map_err(|_| ShutdownError(limit))
+    }
+
+    async fn drain(&self) {
+        self.scheduler.do_send(StopTicking);
+        let _ = self.fetcher.send(StopClaiming).await;
+        // `send` enqueues at once: every publisher drains concurrently.
+        let drains: Vec<_> = self.publishers.iter().map(|p| p.send(Drain)).collect();
+        for drained in drains {
+            let _ = drained.await;
+        }
+        for port in &self.ports {
+            port.close().await;
+        }
+        let _ = self.marker.send(Drain).await;
+        match self.store.release_node(&self.options.node_id).await {
+            Ok(0) => {}
+            Ok(released) => warn!(released, "leases still held after the last flush were released"),
+            Err(error) => warn!(%error, "could not release leases; they will expire on their own"),
+        }
+        info!(worker = %self.options.name, node_id = %self.options.node_id, "relay stopped");
+    }
+}

@@ -1,0 +1,135 @@
+//! Creates and upgrades the outbox table (DESIGN §2).
+//!
+//! Each migration has a name `mYYYYMMDD_NNNNNN_verb_table` and runs once per table;
+//! applied names are kept in `<table>_migrations`. Statements are written per backend
+//! because the nearest equivalent types differ (BIGSERIAL / INTEGER AUTOINCREMENT /
+//! BIGINT AUTO_INCREMENT, TIMESTAMPTZ / DATETIME text / TIMESTAMP(6)) and partial
+//! indexes exist only on PostgreSQL and SQLite.
+
+use crate::sql::{Params, TableName};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionTrait};
+
+/// One schema change.
+struct Migration {
+    name: &'static str,
+    statements: fn(DbBackend, &str) -> Vec<String>,
+}
+
+/// Every migration, oldest first. Append; never edit one that has shipped.
+const MIGRATIONS: &[Migration] = &[Migration {
+    name: "m20261202_000001_create_room_outbox",
+    statements: create_table,
+}];
+
+fn create_table(backend: DbBackend, t: &str) -> Vec<String> {
+    match backend {
+        DbBackend::Postgres => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    id BIGSERIAL PRIMARY KEY,
+                    event_id VARCHAR(64) NOT NULL UNIQUE,
+                    event_type VARCHAR(255) NOT NULL,
+                    room_id VARCHAR(255) NOT NULL,
+                    envelope TEXT NOT NULL,
+                    headers TEXT NULL,
+                    status VARCHAR(16) NOT NULL DEFAULT 'pending',
+                    retry_count INTEGER NOT NULL DEFAULT 0,
+                    last_error VARCHAR(512) NULL,
+                    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                    available_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                    locked_by VARCHAR(128) NULL,
+                    locked_until TIMESTAMPTZ NULL,
+                    published_at TIMESTAMPTZ NULL)"
+            ),
+            format!("CREATE INDEX IF NOT EXISTS {t}_pending_idx ON {t} (id) WHERE status = 'pending'"),
+            format!("CREATE INDEX IF NOT EXISTS {t}_room_idx ON {t} (room_id, id)"),
+            format!("CREATE INDEX IF NOT EXISTS {t}_retention_idx ON {t} (status, published_at)"),
+        ],
+        DbBackend::Sqlite => {
+            let now = "(strftime('%Y-%m-%d %H:%M:%f', 'now'))";
+            vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        event_id VARCHAR(64) NOT NULL UNIQUE,
+                        event_type VARCHAR(255) NOT NULL,
+                        room_id VARCHAR(255) NOT NULL,
+                        envelope TEXT NOT NULL,
+                        headers TEXT NULL,
+                        status VARCHAR(16) NOT NULL DEFAULT 'pending',
+                        retry_count INTEGER NOT NULL DEFAULT 0,
+                        last_error VARCHAR(512) NULL,
+                        created_at DATETIME NOT NULL DEFAULT {now},
+                        available_at DATETIME NOT NULL DEFAULT {now},
+                        locked_by VARCHAR(128) NULL,
+                        locked_until DATETIME NULL,
+                        published_at DATETIME NULL)"
+                ),
+                format!("CREATE INDEX IF NOT EXISTS {t}_pending_idx ON {t} (id) WHERE status = 'pending'"),
+                format!("CREATE INDEX IF NOT EXISTS {t}_room_idx ON {t} (room_id, id)"),
+                format!("CREATE INDEX IF NOT EXISTS {t}_retention_idx ON {t} (status, published_at)"),
+            ]
+        }
+        // TIMESTAMP(6) is stored in UTC whatever a producer's session time zone is.
+        DbBackend::MySql => vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                event_id VARCHAR(64) NOT NULL UNIQUE,
+                event_type VARCHAR(255) NOT NULL,
+                room_id VARCHAR(255) NOT NULL,
+                envelope LONGTEXT NOT NULL,
+                headers TEXT NULL,
+                status VARCHAR(16) NOT NULL DEFAULT 'pending',
+                retry_count INT NOT NULL DEFAULT 0,
+                last_error VARCHAR(512) NULL,
+                created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                available_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                locked_by VARCHAR(128) NULL,
+                locked_until TIMESTAMP(6) NULL DEFAULT NULL,
+                published_at TIMESTAMP(6) NULL DEFAULT NULL,
+                INDEX {t}_pending_idx (status, id),
+                INDEX {t}_room_idx (room_id, id),
+                INDEX {t}_retention_idx (status, published_at)
+            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+        )],
+    }
+}
+
+/// Creates or upgrades `table` and its indexes; returns the names of the migrations applied
+/// now (empty when the table was already current).
+pub async fn migrate(db: &DatabaseConnection, table: &TableName) -> Result<Vec<&'static str>, DbErr> {
+    let backend = db.get_database_backend();
+    let t = table.as_str();
+    let applied_at = match backend {
+        DbBackend::Postgres => "TIMESTAMPTZ NOT NULL DEFAULT now()",
+        DbBackend::Sqlite => "DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP",
+        DbBackend::MySql => "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+    };
+    db.execute_unprepared(&format!(
+        "CREATE TABLE IF NOT EXISTS {t}_migrations (name VARCHAR(128) NOT NULL PRIMARY KEY, applied_at {applied_at})"
+    ))
+    .await?;
+
+    let mut applied = Vec::new();
+    for migration in MIGRATIONS {
+        let txn = db.begin().await?;
+        let mut params = Params::new(backend);
+        let name = params.bind(migration.name);
+        let done = txn
+            .query_one(params.statement(format!("SELECT name FROM {t}_migrations WHERE name = {name}")))
+            .await?
+            .is_some();
+        if !done {
+            for statement in (migration.statements)(backend, t) {
+                txn.execute_unprepared(&statement).await?;
+            }
+            let mut params = Params::new(backend);
+            let name = params.bind(migration.name);
+            txn.execute(params.statement(format!("INSERT INTO {t}_migrations (name) VALUES ({name})")))
+                .await?;
+            applied.push(migration.name);
+        }
+        txn.commit().await?;
+    }
+    Ok(applied)
+}

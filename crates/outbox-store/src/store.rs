@@ -1,0 +1,340 @@
+//! [`SeaOrmStore`]: the [`OutboxStore`] port on a sea-orm connection pool.
+
+use crate::entity::ClaimedRow;
+use crate::sql::{time_expr, Params, TableName};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use outbox_core::{
+    ClaimRequest, MarkBatch, Ordering, OutboxRecord, OutboxStats, OutboxStore, StoreError,
+};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr,
+    FromQueryResult, QueryResult, TransactionTrait,
+};
+use std::time::Duration;
+
+/// Opens a pool of at most `max_connections` to `url` (`postgres://`, `mysql://`, `sqlite://`).
+pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, DbErr> {
+    let mut options = ConnectOptions::new(url.to_owned());
+    options
+        .max_connections(max_connections)
+        .min_connections(1)
+        .connect_timeout(Duration::from_secs(5))
+        // A claim or flush waits at most this long for a free connection.
+        .acquire_timeout(Duration::from_secs(5))
+        .sqlx_logging(false);
+    let db = Database::connect(options).await?;
+    if db.get_database_backend() == DbBackend::Sqlite {
+        // Readers (status, producers) do not block the relay's writes, and vice versa.
+        db.execute_unprepared("PRAGMA journal_mode = WAL").await?;
+    }
+    Ok(db)
+}
+
+/// The outbox table of one database.
+#[derive(Debug, Clone)]
+pub struct SeaOrmStore {
+    db: DatabaseConnection,
+    table: TableName,
+}
+
+fn database(error: DbErr) -> StoreError {
+    StoreError::Database(error.to_string())
+}
+
+impl SeaOrmStore {
+    /// A store for `table` on an open connection pool.
+    pub fn new(db: DatabaseConnection, table: TableName) -> Self {
+        Self { db, table }
+    }
+
+    /// The connection pool (for producers in tests and the demo).
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    /// The table this store works on.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    fn backend(&self) -> DbBackend {
+        self.db.get_database_backend()
+    }
+
+    /// The conditions that make row alias `c` publishable at placeholder `now`.
+    fn claimable(&self, params: &mut Params, now: DateTime<Utc>, ordering: Ordering) -> String {
+        let backend = self.backend();
+        let t = self.table.as_str();
+        let at = |params: &mut Params| time_expr(backend, &params.bind_time(now));
+        let mut sql = format!(
+            "c.status = 'pending' AND {} <= {} AND (c.locked_until IS NULL OR {} < {})",
+            time_expr(backend, "c.available_at"),
+            at(params),
+            time_expr(backend, "c.locked_until"),
+            at(params),
+        );
+        if ordering == Ordering::PerRoom {
+            // Per-room order: a row is claimable only while no earlier pending row of its
+            // room is waiting out a backoff or held under a valid lease (by any node, this
+            // one included). Earlier rows that are claimable themselves have lower ids, so
+            // `ORDER BY id LIMIT n` takes them first: each claim takes a prefix of every
+            // room's publishable rows, and a room's next rows are claimed only once every
+            // earlier row has an outcome.
+            sql.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.room_id = c.room_id AND e.id < c.id \
+                 AND e.status = 'pending' AND ({} > {} OR {} >= {}))",
+                time_expr(backend, "e.available_at"),
+                at(params),
+                time_expr(backend, "e.locked_until"),
+                at(params),
+            ));
+        }
+        sql
+    }
+
+    async fn claim_returning(&self, request: &ClaimRequest) -> Result<Vec<ClaimedRow>, DbErr> {
+        let backend = self.backend();
+        let t = self.table.as_str();
+        let now = Utc::now();
+        let mut params = Params::new(backend);
+        let node = params.bind(request.node_id.as_str());
+        let until = params.bind_time(now + lease(request));
+        let claimable = self.claimable(&mut params, now, request.ordering);
+        let limit = params.bind(limit(request));
+        // PostgreSQL skips rows another claimer holds; SQLite runs the single statement
+        // under its database write lock, which serialises claims.
+        let lock = if backend == DbBackend::Postgres {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "UPDATE {t} SET locked_by = {node}, locked_until = {until} WHERE id IN \
+             (SELECT c.id FROM {t} c WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}) \
+             RETURNING {COLUMNS}"
+        );
+        ClaimedRow::find_by_statement(params.statement(sql))
+            .all(&self.db)
+            .await
+    }
+
+    /// MySQL has neither `UPDATE … RETURNING` nor `LIMIT` in an `IN` subquery of the
+    /// updated table: select with `FOR UPDATE SKIP LOCKED`, then update, in one transaction.
+    async fn claim_mysql(&self, request: &ClaimRequest) -> Result<Vec<ClaimedRow>, DbErr> {
+        let t = self.table.as_str();
+        let now = Utc::now();
+        let txn = self.db.begin().await?;
+        let mut params = Params::new(DbBackend::MySql);
+        let claimable = self.claimable(&mut params, now, request.ordering);
+        let limit = params.bind(limit(request));
+        let sql = format!(
+            "SELECT {COLUMNS} FROM {t} c WHERE {claimable} ORDER BY c.id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+        );
+        let rows = ClaimedRow::find_by_statement(params.statement(sql))
+            .all(&txn)
+            .await?;
+        if !rows.is_empty() {
+            let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+            let mut params = Params::new(DbBackend::MySql);
+            let node = params.bind(request.node_id.as_str());
+            let until = params.bind_time(now + lease(request));
+            let ids = params.bind_ids(&ids);
+            let sql = format!("UPDATE {t} SET locked_by = {node}, locked_until = {until} WHERE id IN ({ids})");
+            txn.execute(params.statement(sql)).await?;
+        }
+        txn.commit().await?;
+        Ok(rows)
+    }
+
+    async fn mark_batch(&self, node_id: &str, batch: &MarkBatch) -> Result<(), DbErr> {
+        let backend = self.backend();
+        let t = self.table.as_str();
+        let now = Utc::now();
+        let txn = self.db.begin().await?;
+        if !batch.published.is_empty() {
+            // The broker confirmed: `published` wins even if the lease was lost meanwhile.
+            let mut params = Params::new(backend);
+            let at = params.bind_time(now);
+            let ids = params.bind_ids(&batch.published);
+            txn.execute(params.statement(format!(
+                "UPDATE {t} SET status = 'published', published_at = {at}, locked_by = NULL, \
+                 locked_until = NULL WHERE id IN ({ids}) AND status <> 'published'"
+            )))
+            .await?;
+        }
+        if !batch.retried.is_empty() {
+            let mut params = Params::new(backend);
+            let mut errors = String::from("CASE id");
+            for (failure, _) in &batch.retried {
+                let id = params.bind(failure.id);
+                let error = params.bind(failure.error.as_str());
+                errors.push_str(&format!(" WHEN {id} THEN {error}"));
+            }
+            errors.push_str(" END");
+            let mut available = String::from("CASE id");
+            for (failure, at) in &batch.retried {
+                let id = params.bind(failure.id);
+                let at = params.bind_time(*at);
+                available.push_str(&format!(" WHEN {id} THEN {at}"));
+            }
+            available.push_str(" END");
+            let ids: Vec<i64> = batch.retried.iter().map(|(failure, _)| failure.id).collect();
+            let ids = params.bind_ids(&ids);
+            let node = params.bind(node_id);
+            txn.execute(params.statement(format!(
+                "UPDATE {t} SET retry_count = retry_count + 1, last_error = {errors}, \
+                 available_at = {available}, locked_by = NULL, locked_until = NULL \
+                 WHERE id IN ({ids}) AND status = 'pending' AND locked_by = {node}"
+            )))
+            .await?;
+        }
+        if !batch.dead.is_empty() {
+            let mut params = Params::new(backend);
+            let mut errors = String::from("CASE id");
+            for failure in &batch.dead {
+                let id = params.bind(failure.id);
+                let error = params.bind(failure.error.as_str());
+                errors.push_str(&format!(" WHEN {id} THEN {error}"));
+            }
+            errors.push_str(" END");
+            let ids: Vec<i64> = batch.dead.iter().map(|failure| failure.id).collect();
+            let ids = params.bind_ids(&ids);
+            let node = params.bind(node_id);
+            txn.execute(params.statement(format!(
+                "UPDATE {t} SET status = 'dead', retry_count = retry_count + 1, \
+                 last_error = {errors}, locked_by = NULL, locked_until = NULL \
+                 WHERE id IN ({ids}) AND status = 'pending' AND locked_by = {node}"
+            )))
+            .await?;
+        }
+        if !batch.released.is_empty() {
+            let mut params = Params::new(backend);
+            let ids = params.bind_ids(&batch.released);
+            let node = params.bind(node_id);
+            txn.execute(params.statement(format!(
+                "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
+                 WHERE id IN ({ids}) AND status = 'pending' AND locked_by = {node}"
+            )))
+            .await?;
+        }
+        txn.commit().await
+    }
+
+    async fn read_stats(&self) -> Result<OutboxStats, DbErr> {
+        let backend = self.backend();
+        let t = self.table.as_str();
+        let now = Utc::now();
+        let mut stats = OutboxStats::default();
+        let rows = self
+            .db
+            .query_all(Params::new(backend).statement(format!(
+                "SELECT status, COUNT(*) AS n FROM {t} GROUP BY status"
+            )))
+            .await?;
+        for row in rows {
+            let count = count(&row, "n")?;
+            match row.try_get::<String>("", "status")?.as_str() {
+                "pending" => stats.pending = count,
+                "published" => stats.published = count,
+                "dead" => stats.dead = count,
+                _ => {}
+            }
+        }
+        let oldest = self
+            .db
+            .query_one(Params::new(backend).statement(format!(
+                "SELECT MIN(created_at) AS oldest FROM {t} WHERE status = 'pending'"
+            )))
+            .await?;
+        if let Some(row) = oldest {
+            let oldest: Option<DateTime<Utc>> = row.try_get("", "oldest")?;
+            stats.oldest_pending_age_seconds =
+                oldest.map(|at| ((now - at).num_milliseconds().max(0) as f64) / 1000.0);
+        }
+        let mut params = Params::new(backend);
+        let at = time_expr(backend, &params.bind_time(now));
+        let rows = self
+            .db
+            .query_all(params.statement(format!(
+                "SELECT locked_by, COUNT(*) AS n FROM {t} WHERE status = 'pending' \
+                 AND locked_by IS NOT NULL AND {} >= {at} GROUP BY locked_by",
+                time_expr(backend, "locked_until")
+            )))
+            .await?;
+        for row in rows {
+            stats
+                .claimed
+                .insert(row.try_get("", "locked_by")?, count(&row, "n")?);
+        }
+        let mut params = Params::new(backend);
+        let at = time_expr(backend, &params.bind_time(now));
+        let expired = self
+            .db
+            .query_one(params.statement(format!(
+                "SELECT COUNT(*) AS n FROM {t} WHERE status = 'pending' \
+                 AND locked_until IS NOT NULL AND {} < {at}",
+                time_expr(backend, "locked_until")
+            )))
+            .await?;
+        if let Some(row) = expired {
+            stats.expired_leases = count(&row, "n")?;
+        }
+        Ok(stats)
+    }
+}
+
+/// The columns of [`ClaimedRow`].
+const COLUMNS: &str = "id, event_id, event_type, room_id, envelope, headers, retry_count, created_at";
+
+fn lease(request: &ClaimRequest) -> chrono::Duration {
+    chrono::Duration::from_std(request.lease).unwrap_or(chrono::Duration::seconds(30))
+}
+
+fn limit(request: &ClaimRequest) -> i64 {
+    i64::try_from(request.limit).unwrap_or(i64::MAX)
+}
+
+fn count(row: &QueryResult, column: &str) -> Result<u64, DbErr> {
+    Ok(u64::try_from(row.try_get::<i64>("", column)?).unwrap_or(0))
+}
+
+#[async_trait]
+impl OutboxStore for SeaOrmStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxRecord>, StoreError> {
+        let mut rows = match self.backend() {
+            DbBackend::MySql => self.claim_mysql(request).await,
+            _ => self.claim_returning(request).await,
+        }
+        .map_err(database)?;
+        // RETURNING does not promise any order.
+        rows.sort_unstable_by_key(|row| row.id);
+        Ok(rows.into_iter().map(OutboxRecord::from).collect())
+    }
+
+    async fn mark(&self, node_id: &str, batch: &MarkBatch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.mark_batch(node_id, batch).await.map_err(database)
+    }
+
+    async fn release_node(&self, node_id: &str) -> Result<u64, StoreError> {
+        let t = self.table.as_str();
+        let mut params = Params::new(self.backend());
+        let node = params.bind(node_id);
+        let result = self
+            .db
+            .execute(params.statement(format!(
+                "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
+                 WHERE locked_by = {node} AND status = 'pending'"
+            )))
+            .await
+            .map_err(database)?;
+        Ok(result.rows_affected())
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        self.read_stats().await.map_err(database)
+    }
+}
