@@ -1,1 +1,59 @@
-//! stub
+//! The `outbox-relay` binary as a library, so tests can drive the same code.
+//!
+//! Layout:
+//! - [`cli`]: the command line.
+//! - [`settings`]: layered settings and their validation.
+//! - [`telemetry`]: the tracing subscriber.
+//! - [`startup`]: opening the store and the broker, starting the relay.
+//! - [`signals`]: SIGINT/SIGTERM.
+//! - [`commands`]: one module per subcommand.
+
+pub mod cli;
+pub mod commands;
+pub mod settings;
+pub mod signals;
+pub mod startup;
+pub mod telemetry;
+
+use clap::Parser;
+use cli::Cli;
+use settings::Settings;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Exit code of a bad configuration or usage.
+pub const EXIT_CONFIG: u8 = 2;
+/// Exit code of a runtime failure.
+pub const EXIT_FAILURE: u8 = 1;
+
+/// Parses the command line, loads and validates the settings, installs telemetry and runs
+/// the command on an actix system. Returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (path, required) = match &cli.config {
+        Some(path) => (path.clone(), true),
+        None => (PathBuf::from(cli::DEFAULT_CONFIG), false),
+    };
+    let config = match Settings::load(&path, required).map_err(|error| vec![error]).and_then(Settings::validate) {
+        Ok(config) => config,
+        Err(errors) => {
+            for error in errors {
+                eprintln!("error: invalid configuration: {error}");
+            }
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    telemetry::init(&config.log);
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    let system = actix_rt::System::new();
+    match system.block_on(commands::dispatch(cli.command, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = %format!("{error:#}"), "outbox-relay failed");
+            eprintln!("error: {error:#}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}

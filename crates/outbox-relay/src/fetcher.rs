@@ -43,7 +43,8 @@ pub struct Fetcher {
     store: Arc<dyn OutboxStore>,
     /// The publisher pool, indexed by room hash.
     publishers: Vec<Recipient<Publish>>,
-    /// Told when capacity frees up after a refused or shortened claim.
+    /// Told whenever outcomes are written: capacity is free, and rows held back behind
+    /// them (same room) may be claimable now.
     scheduler: Recipient<Wake>,
     /// Node, batch size, lease and ordering of every claim.
     request: ClaimRequest,
@@ -51,8 +52,6 @@ pub struct Fetcher {
     in_flight: usize,
     /// Bound on `in_flight`; also bounds the outcomes waiting in the Marker.
     max_in_flight: usize,
-    /// A claim was refused or shortened by the bound; the Scheduler waits for a [`Wake`].
-    saturated: bool,
     /// Shutdown has begun: no more claims.
     stopped: bool,
 }
@@ -75,7 +74,6 @@ impl Fetcher {
             request,
             in_flight: 0,
             max_in_flight: max_in_flight.max(1),
-            saturated: false,
             stopped: false,
         }
     }
@@ -103,14 +101,10 @@ impl Handler<Tick> for Fetcher {
     fn handle(&mut self, _: Tick, _: &mut Self::Context) -> Self::Result {
         let room = self.max_in_flight.saturating_sub(self.in_flight);
         if self.stopped || room == 0 {
-            self.saturated |= !self.stopped;
             return AtomicResponse::new(Box::pin(fut::ready(TickReport::default())));
         }
         let mut request = self.request.clone();
-        if room < request.limit {
-            request.limit = room;
-            self.saturated = true;
-        }
+        request.limit = request.limit.min(room);
         let store = Arc::clone(&self.store);
         AtomicResponse::new(Box::pin(
             async move {
@@ -150,8 +144,10 @@ impl Handler<Marked> for Fetcher {
 
     fn handle(&mut self, marked: Marked, _: &mut Self::Context) {
         self.in_flight = self.in_flight.saturating_sub(marked.count);
-        if self.saturated && !self.stopped {
-            self.saturated = false;
+        // Claim again now rather than at the next poll: under `per_room` the rows behind
+        // the ones just marked only became claimable with this commit. Outcomes arrive
+        // only for claimed rows, so this cannot loop on an idle table.
+        if !self.stopped {
             self.scheduler.do_send(Wake);
         }
     }

@@ -5,7 +5,7 @@ use actix::prelude::*;
 use std::time::Duration;
 use tracing::warn;
 
-/// "Capacity freed": the Fetcher had refused a claim because too many rows were in flight.
+/// "Claim again": outcomes were written, freeing capacity and unblocking rooms.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct Wake;
@@ -16,7 +16,7 @@ pub struct Wake;
 pub struct StopTicking;
 
 /// Sends [`Tick`] at start, every `poll_interval`, at once again while claims come back full
-/// (drain mode), and on [`Wake`] after the Fetcher was saturated. One Tick at a time: ticks
+/// (drain mode), and on [`Wake`] whenever outcomes were written. One Tick at a time: ticks
 /// that fall due while a claim runs are folded into one follow-up.
 pub struct Scheduler {
     /// Where ticks go.

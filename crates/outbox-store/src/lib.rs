@@ -1,17 +1,23 @@
 //! The outbox table through sea-orm, on PostgreSQL, SQLite and MySQL/MariaDB.
 //!
 //! Layout:
+//! - [`admin`]: operator queries (dead events, requeue).
 //! - [`entity`]: the row as sea-orm sees it.
 //! - [`migration`]: creating and upgrading the table and its indexes.
+//! - [`producer`]: inserting events (the demo, tests, and Rust producers).
 //! - [`sql`]: backend-aware statement building (placeholders, timestamps, table names).
 //! - [`store`]: [`SeaOrmStore`], the implementation of the [`outbox_core::OutboxStore`] port:
 //!   claim, mark, release, stats.
 
+pub mod admin;
 pub mod entity;
 pub mod migration;
+pub mod producer;
 pub mod sql;
 pub mod store;
 
+pub use admin::{DeadEvent, Requeue};
 pub use migration::migrate;
+pub use producer::{insert_events, NewEvent};
 pub use sql::{TableName, TableNameError};
 pub use store::{connect, SeaOrmStore};

@@ -75,18 +75,27 @@ impl SeaOrmStore {
             at(params),
         );
         if ordering == Ordering::PerRoom {
-            // Per-room order: a row is claimable only while no earlier pending row of its
-            // room is waiting out a backoff or held under a valid lease (by any node, this
-            // one included). Earlier rows that are claimable themselves have lower ids, so
-            // `ORDER BY id LIMIT n` takes them first: each claim takes a prefix of every
-            // room's publishable rows, and a room's next rows are claimed only once every
-            // earlier row has an outcome.
+            // Per-room order: no row is claimed while an earlier row of its room is
+            // unresolved. Two cheap checks make that hold:
+            // 1. rooms with a row under a valid lease (held by any node, this one included)
+            //    are skipped whole: the small set of locked rows is found through the
+            //    partial `_locked_idx`;
+            // 2. a row waiting out a backoff (or a producer's delay) blocks the later rows
+            //    of its room, found through the partial `_pending_room_idx`.
+            // Earlier rows that pass both checks are claimable themselves and have lower
+            // ids, so `ORDER BY id LIMIT n` takes them first: each claim takes a prefix of
+            // every free room's publishable rows, and a room's next rows are claimed only
+            // once every earlier row has an outcome.
             sql.push_str(&format!(
-                " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.room_id = c.room_id AND e.id < c.id \
-                 AND e.status = 'pending' AND ({} > {} OR {} >= {}))",
-                time_expr(backend, "e.available_at"),
+                " AND c.room_id NOT IN (SELECT l.room_id FROM {t} l WHERE l.locked_by IS NOT NULL \
+                 AND l.status = 'pending' AND {} >= {})",
+                time_expr(backend, "l.locked_until"),
                 at(params),
-                time_expr(backend, "e.locked_until"),
+            ));
+            sql.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.room_id = c.room_id \
+                 AND e.status = 'pending' AND e.id < c.id AND {} > {})",
+                time_expr(backend, "e.available_at"),
                 at(params),
             ));
         }

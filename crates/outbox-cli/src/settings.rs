@@ -1,0 +1,759 @@
+//! Settings (DESIGN §8): layered, then validated in one place before anything connects.
+//!
+//! Layers: built-in defaults ← TOML file ← `OUTBOX_RELAY__SECTION__KEY` variables.
+//! [`Settings`] mirrors the file (strings for durations and choices); [`Settings::validate`]
+//! turns it into a [`Config`] or into [`ConfigError`]s that each name the key, the bad value
+//! and what is accepted.
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use outbox_amqp::{AmqpSettings, MessageSettings};
+use outbox_core::{
+    Ordering, RelayOptions, RetryPolicy, RetryStrategy, Route, Router, RoutingKeyTemplate,
+};
+use outbox_store::TableName;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Prefix of the environment overrides; sections and keys are separated by `__`.
+pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
+
+/// The settings file, as written.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// `[database]`
+    pub database: DatabaseSettings,
+    /// `[amqp]`
+    pub amqp: AmqpSection,
+    /// `[relay]`
+    pub relay: RelaySettings,
+    /// `[log]`
+    pub log: LogSettings,
+    /// `[metrics]`
+    pub metrics: MetricsSettings,
+}
+
+/// `[database]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// `sqlite://…`, `postgres://…` or `mysql://…`.
+    pub url: String,
+    /// The outbox table.
+    pub table: String,
+    /// Pool size.
+    pub max_connections: i64,
+    /// Create or upgrade the table when `run` or `demo` starts.
+    pub migrate_on_start: bool,
+}
+
+/// `[amqp]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpSection {
+    /// `amqp://user:pass@host:port/vhost`.
+    pub url: String,
+    /// Default exchange.
+    pub exchange: String,
+    /// `topic`, `direct`, `fanout` or `headers`.
+    pub exchange_type: String,
+    /// Declare the exchanges (durable) at start.
+    pub declare_exchange: bool,
+    /// Default routing key template.
+    pub routing_key: String,
+    /// `content_type` of every message.
+    pub content_type: String,
+    /// Per-event-type exchange and routing key; first match wins.
+    pub routes: Vec<RouteSettings>,
+}
+
+/// One `[[amqp.routes]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSettings {
+    /// Topic-style pattern over `event_type`.
+    pub event_type: String,
+    /// Exchange for matching events.
+    pub exchange: String,
+    /// Routing key template for matching events; `amqp.routing_key` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_key: Option<String>,
+}
+
+/// `[relay]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelaySettings {
+    /// The `worker` field of every log line.
+    pub name: String,
+    /// Empty: `hostname-pid`.
+    pub node_id: String,
+    /// Publisher actors (confirm channels).
+    pub publishers: i64,
+    /// Claim cadence when nothing wakes the relay.
+    pub poll_interval: String,
+    /// Rows per claim.
+    pub batch_size: i64,
+    /// Confirm deadline per publish.
+    pub publish_timeout: String,
+    /// `fixed_interval` or `exponential`.
+    pub retry_strategy: String,
+    /// Empty: `poll_interval`.
+    pub retry_interval: String,
+    /// Cap of the exponential backoff.
+    pub retry_max_interval: String,
+    /// 0: retry forever.
+    pub max_attempts: i64,
+    /// Claim lease.
+    pub lease: String,
+    /// `per_room` or `none`.
+    pub ordering: String,
+    /// Hard bound on a graceful shutdown.
+    pub shutdown_timeout: String,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// `pretty` or `json`.
+    pub format: String,
+    /// A tracing filter such as `info` or `outbox_relay=debug`; `RUST_LOG` wins.
+    pub level: String,
+}
+
+/// `[metrics]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Address of the metrics and health endpoint; empty disables it.
+    pub listen: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            database: DatabaseSettings::default(),
+            amqp: AmqpSection::default(),
+            relay: RelaySettings::default(),
+            log: LogSettings::default(),
+            metrics: MetricsSettings::default(),
+        }
+    }
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://outbox-relay.db?mode=rwc".into(),
+            table: "room_outbox".into(),
+            max_connections: 10,
+            migrate_on_start: true,
+        }
+    }
+}
+
+impl Default for AmqpSection {
+    fn default() -> Self {
+        Self {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            exchange: "room.events".into(),
+            exchange_type: "topic".into(),
+            declare_exchange: true,
+            routing_key: "{event_type}".into(),
+            content_type: "application/json".into(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+impl Default for RelaySettings {
+    fn default() -> Self {
+        Self {
+            name: "room_outbox".into(),
+            node_id: String::new(),
+            publishers: 4,
+            poll_interval: "1s".into(),
+            batch_size: 100,
+            publish_timeout: "3s".into(),
+            retry_strategy: "fixed_interval".into(),
+            retry_interval: String::new(),
+            retry_max_interval: "5m".into(),
+            max_attempts: 0,
+            lease: "30s".into(),
+            ordering: "per_room".into(),
+            shutdown_timeout: "30s".into(),
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: "pretty".into(),
+            level: "info".into(),
+        }
+    }
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9187".into(),
+        }
+    }
+}
+
+/// A setting that cannot be used. Exit code 2.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// The file or an environment variable does not fit the settings' shape.
+    #[error("{0}")]
+    Load(String),
+    /// A value is out of its accepted range.
+    #[error("{key} = {value:?} is invalid: {accepted}")]
+    Invalid {
+        /// `section.key`.
+        key: String,
+        /// The value as given (secrets redacted).
+        value: String,
+        /// What would have been accepted.
+        accepted: String,
+    },
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Validated database settings.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// Connection URL (may hold a password: never log it, use `redacted_url`).
+    pub url: String,
+    /// The URL with its password replaced.
+    pub redacted_url: String,
+    /// The outbox table.
+    pub table: TableName,
+    /// Pool size.
+    pub max_connections: u32,
+    /// Migrate when `run` or `demo` starts.
+    pub migrate_on_start: bool,
+}
+
+/// Validated logging settings.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// Pretty or JSON.
+    pub format: LogFormat,
+    /// Tracing filter directives.
+    pub level: String,
+}
+
+/// Everything validated, ready to connect with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Database side.
+    pub database: DatabaseConfig,
+    /// Broker side.
+    pub amqp: AmqpSettings,
+    /// The actors' options.
+    pub relay: RelayOptions,
+    /// Logging.
+    pub log: LogConfig,
+    /// Metrics endpoint address; `None` when disabled.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Settings replaced by defaults (zero values), to log once telemetry is up.
+    pub warnings: Vec<String>,
+    /// The settings as loaded (for `check-config`, after redaction).
+    pub effective: Settings,
+}
+
+impl Settings {
+    /// Loads defaults ← `file` (when it exists, or always when `required`) ← environment.
+    pub fn load(file: &Path, required: bool) -> Result<Self, ConfigError> {
+        if required && !file.exists() {
+            return Err(ConfigError::Load(format!(
+                "config file {} does not exist",
+                file.display()
+            )));
+        }
+        Self::load_from(
+            Figment::from(Serialized::defaults(Settings::default()))
+                .merge(Toml::file(file))
+                .merge(Env::prefixed(ENV_PREFIX).split("__")),
+        )
+    }
+
+    fn load_from(figment: Figment) -> Result<Self, ConfigError> {
+        figment
+            .extract()
+            .map_err(|error| ConfigError::Load(load_error(error)))
+    }
+
+    /// Checks every value and builds the [`Config`]; all problems are reported together.
+    pub fn validate(self) -> Result<Config, Vec<ConfigError>> {
+        let mut check = Check::default();
+        let mut warnings = Vec::new();
+        let database = &self.database;
+        let relay = &self.relay;
+
+        let database_url = check.take(url_setting(
+            "database.url",
+            &database.url,
+            &["sqlite", "postgres", "postgresql", "mysql", "mariadb"],
+        ));
+        let amqp_url = check.take(url_setting("amqp.url", &self.amqp.url, &["amqp"]));
+        let table = check.take(TableName::parse(&database.table).map_err(|error| {
+            ConfigError::Invalid {
+                key: "database.table".into(),
+                value: database.table.clone(),
+                accepted: error.to_string(),
+            }
+        }));
+        let max_connections = positive(
+            "database.max_connections",
+            database.max_connections,
+            10,
+            &mut warnings,
+        );
+        let publishers = positive("relay.publishers", relay.publishers, 4, &mut warnings);
+        let batch_size = positive("relay.batch_size", relay.batch_size, 100, &mut warnings);
+        let max_attempts = check.take(u32::try_from(relay.max_attempts).map_err(|_| {
+            ConfigError::Invalid {
+                key: "relay.max_attempts".into(),
+                value: relay.max_attempts.to_string(),
+                accepted: "a whole number from 0 (retry forever) up".into(),
+            }
+        }));
+        let poll_interval = check.take(duration("relay.poll_interval", &relay.poll_interval));
+        let publish_timeout = check.take(duration("relay.publish_timeout", &relay.publish_timeout));
+        let retry_interval = check.take(duration("relay.retry_interval", &relay.retry_interval));
+        let retry_max_interval =
+            check.take(duration("relay.retry_max_interval", &relay.retry_max_interval));
+        let lease = check.take(duration("relay.lease", &relay.lease));
+        let shutdown_timeout = check.take(duration("relay.shutdown_timeout", &relay.shutdown_timeout));
+        // A blank strategy means the default, as in the original worker.
+        let strategy = check.take(match relay.retry_strategy.trim() {
+            "" => Ok(RetryStrategy::default()),
+            other => other.parse::<RetryStrategy>().map_err(|()| ConfigError::Invalid {
+                key: "relay.retry_strategy".into(),
+                value: other.into(),
+                accepted: format!("one of {}", RetryStrategy::ACCEPTED),
+            }),
+        });
+        let ordering = check.take(relay.ordering.parse::<Ordering>().map_err(|()| {
+            ConfigError::Invalid {
+                key: "relay.ordering".into(),
+                value: relay.ordering.clone(),
+                accepted: format!("one of {}", Ordering::ACCEPTED),
+            }
+        }));
+        let exchange_type = check.take(match self.amqp.exchange_type.as_str() {
+            "topic" | "direct" | "fanout" | "headers" => Ok(()),
+            custom if custom.starts_with("x-") => Ok(()),
+            other => Err(ConfigError::Invalid {
+                key: "amqp.exchange_type".into(),
+                value: other.into(),
+                accepted: "one of \"topic\", \"direct\", \"fanout\", \"headers\" or a plugin type \"x-…\"".into(),
+            }),
+        });
+        let router = check.take(router(&self.amqp));
+        let log_format = check.take(match self.log.format.as_str() {
+            "pretty" => Ok(LogFormat::Pretty),
+            "json" => Ok(LogFormat::Json),
+            other => Err(ConfigError::Invalid {
+                key: "log.format".into(),
+                value: other.into(),
+                accepted: "\"pretty\" or \"json\"".into(),
+            }),
+        });
+        let log_level = check.take(
+            tracing_subscriber::EnvFilter::try_new(&self.log.level)
+                .map(|_| ())
+                .map_err(|error| ConfigError::Invalid {
+                    key: "log.level".into(),
+                    value: self.log.level.clone(),
+                    accepted: format!(
+                        "a tracing filter such as \"info\" or \"outbox_relay=debug,warn\" ({error})"
+                    ),
+                }),
+        );
+        let metrics_listen = check.take(match self.metrics.listen.trim() {
+            "" => Ok(None),
+            listen => listen.parse::<SocketAddr>().map(Some).map_err(|_| ConfigError::Invalid {
+                key: "metrics.listen".into(),
+                value: listen.into(),
+                accepted: "an address such as \"127.0.0.1:9187\", or \"\" to disable the endpoint"
+                    .into(),
+            }),
+        });
+
+        let (
+            Some((database_url, database_redacted)),
+            Some((amqp_url, amqp_redacted)),
+            Some(table),
+            Some(max_attempts),
+            Some(poll_interval),
+            Some(publish_timeout),
+            Some(retry_interval),
+            Some(retry_max_interval),
+            Some(lease),
+            Some(shutdown_timeout),
+            Some(strategy),
+            Some(ordering),
+            Some(()),
+            Some(router),
+            Some(log_format),
+            Some(()),
+            Some(metrics_listen),
+        ) = (
+            database_url,
+            amqp_url,
+            table,
+            max_attempts,
+            poll_interval,
+            publish_timeout,
+            retry_interval,
+            retry_max_interval,
+            lease,
+            shutdown_timeout,
+            strategy,
+            ordering,
+            exchange_type,
+            router,
+            log_format,
+            log_level,
+            metrics_listen,
+        )
+        else {
+            return Err(check.errors);
+        };
+
+        let node_id = match relay.node_id.trim() {
+            "" => default_node_id(),
+            id => id.to_owned(),
+        };
+        let normalised = RelayOptions {
+            name: relay.name.clone(),
+            node_id: node_id.clone(),
+            publishers,
+            poll_interval,
+            batch_size,
+            publish_timeout,
+            retry: RetryPolicy {
+                strategy,
+                interval: retry_interval,
+                max_interval: retry_max_interval,
+                max_attempts,
+            },
+            lease,
+            ordering,
+            shutdown_timeout,
+        }
+        .normalise();
+        warnings.extend(normalised.warnings);
+        let options = normalised.value;
+
+        let mut effective = self.clone();
+        effective.database.url = database_redacted.clone();
+        effective.amqp.url = amqp_redacted.clone();
+        effective.relay.node_id = node_id.clone();
+
+        Ok(Config {
+            database: DatabaseConfig {
+                url: database_url,
+                redacted_url: database_redacted,
+                table,
+                max_connections: u32::try_from(max_connections).unwrap_or(u32::MAX),
+                migrate_on_start: self.database.migrate_on_start,
+            },
+            amqp: AmqpSettings {
+                url: amqp_url,
+                redacted_url: amqp_redacted,
+                exchange_type: self.amqp.exchange_type.clone(),
+                declare_exchange: self.amqp.declare_exchange,
+                router,
+                message: MessageSettings {
+                    content_type: self.amqp.content_type.clone(),
+                    node_id,
+                },
+                publish_timeout: options.publish_timeout,
+            },
+            relay: options,
+            log: LogConfig {
+                format: log_format,
+                level: self.log.level.clone(),
+            },
+            metrics_listen,
+            warnings,
+            effective,
+        })
+    }
+}
+
+/// Collects validation errors while keeping the values that passed.
+#[derive(Default)]
+struct Check {
+    errors: Vec<ConfigError>,
+}
+
+impl Check {
+    fn take<T>(&mut self, result: Result<T, ConfigError>) -> Option<T> {
+        result.map_err(|error| self.errors.push(error)).ok()
+    }
+}
+
+/// Figment's message names the key and where it came from; make the wording ours.
+fn load_error(error: figment::Error) -> String {
+    error
+        .into_iter()
+        .map(|error| {
+            let key = error.path.join(".");
+            let source = match error.metadata.as_ref() {
+                // Figment names only the prefix; the variable follows from the key.
+                Some(metadata) if metadata.name.contains("environment") => format!(
+                    " (from environment variable {ENV_PREFIX}{})",
+                    error.path.join("__").to_uppercase()
+                ),
+                Some(metadata) => match &metadata.source {
+                    Some(source) => format!(" (from {source})"),
+                    None => format!(" (from {})", metadata.name),
+                },
+                None => String::new(),
+            };
+            match &error.kind {
+                figment::error::Kind::UnknownField(field, expected) => format!(
+                    "unknown setting {key:?}{source}: {field:?} is not a key of [{}]; accepted keys: {}",
+                    error.path[..error.path.len().saturating_sub(1)].join("."),
+                    expected.join(", ")
+                ),
+                kind => format!("setting {key:?}{source}: {kind}"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `hostname-pid`: unique per running process, readable in `status`.
+pub fn default_node_id() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("{host}-{}", std::process::id())
+}
+
+/// Parses a duration setting. Empty and "0" mean zero (normalised to the default later).
+fn duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
+    let trimmed = value.trim();
+    if trimmed.is_empty() || trimmed == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(trimmed).map_err(|error| ConfigError::Invalid {
+        key: key.into(),
+        value: value.into(),
+        accepted: format!("a duration such as \"250ms\", \"3s\" or \"5m\" ({error})"),
+    })
+}
+
+/// A size that must be positive; zero or less means the default, with a warning.
+fn positive(key: &str, value: i64, default: usize, warnings: &mut Vec<String>) -> usize {
+    match usize::try_from(value) {
+        Ok(value) if value > 0 => value,
+        _ => {
+            warnings.push(format!("{key} is {value}; using the default {default}"));
+            default
+        }
+    }
+}
+
+/// Parses a URL setting with one of `schemes`; returns it and its redacted form.
+fn url_setting(key: &str, value: &str, schemes: &[&str]) -> Result<(String, String), ConfigError> {
+    let invalid = |why: String| ConfigError::Invalid {
+        key: key.into(),
+        value: redact_url(value),
+        accepted: why,
+    };
+    let accepted = schemes.iter().map(|s| format!("{s}://…")).collect::<Vec<_>>().join(", ");
+    let parsed = url::Url::parse(value).map_err(|error| invalid(format!("a URL ({error}); accepted: {accepted}")))?;
+    if !schemes.contains(&parsed.scheme()) {
+        return Err(invalid(format!("scheme {:?} is not supported; accepted: {accepted}", parsed.scheme())));
+    }
+    Ok((value.to_owned(), redact_url(value)))
+}
+
+/// The URL with any password replaced by `***`; unparsable text is not echoed at all.
+pub fn redact_url(value: &str) -> String {
+    match url::Url::parse(value) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            parsed.to_string()
+        }
+        Err(_) => "<unparsable URL>".into(),
+    }
+}
+
+fn router(amqp: &AmqpSection) -> Result<Router, ConfigError> {
+    let template = |key: String, value: &str| {
+        RoutingKeyTemplate::parse(value).map_err(|error| ConfigError::Invalid {
+            key,
+            value: value.into(),
+            accepted: error.to_string(),
+        })
+    };
+    let routing_key = template("amqp.routing_key".into(), &amqp.routing_key)?;
+    let mut routes = Vec::new();
+    for (index, route) in amqp.routes.iter().enumerate() {
+        let routing_key = match &route.routing_key {
+            Some(key) => Some(template(format!("amqp.routes[{index}].routing_key"), key)?),
+            None => None,
+        };
+        if route.event_type.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: format!("amqp.routes[{index}].event_type"),
+                value: String::new(),
+                accepted: "a pattern such as \"room.member.*\" or \"room.#\"".into(),
+            });
+        }
+        routes.push(Route {
+            event_type: route.event_type.clone(),
+            exchange: route.exchange.clone(),
+            routing_key,
+        });
+    }
+    Ok(Router {
+        exchange: amqp.exchange.clone(),
+        routing_key,
+        routes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, String> {
+        let mut result = Err(String::new());
+        Jail::expect_with(|jail| {
+            jail.create_file("outbox.toml", toml)?;
+            for (key, value) in env {
+                jail.set_env(key, value);
+            }
+            result = Settings::load(Path::new("outbox.toml"), true)
+                .map_err(|error| error.to_string())
+                .and_then(|settings| {
+                    settings.validate().map_err(|errors| {
+                        errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+                    })
+                });
+            Ok(())
+        });
+        result
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = load("", &[]).unwrap();
+        assert_eq!(config.relay.batch_size, 100);
+        assert_eq!(config.relay.poll_interval, Duration::from_secs(1));
+        assert_eq!(config.relay.publish_timeout, Duration::from_secs(3));
+        assert_eq!(config.relay.retry.interval, Duration::from_secs(1));
+        assert_eq!(config.relay.ordering, Ordering::PerRoom);
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    }
+
+    #[test]
+    fn unknown_retry_strategy_is_rejected_with_its_key() {
+        let error = load("[relay]\nretry_strategy = \"linear\"", &[]).unwrap_err();
+        assert!(error.contains("relay.retry_strategy"), "{error}");
+        assert!(error.contains("linear") && error.contains("exponential"), "{error}");
+    }
+
+    #[test]
+    fn bad_duration_is_rejected_with_its_key() {
+        let error = load("[relay]\npoll_interval = \"soon\"", &[]).unwrap_err();
+        assert!(error.contains("relay.poll_interval") && error.contains("soon"), "{error}");
+        assert!(error.contains("250ms"), "says what is accepted: {error}");
+    }
+
+    #[test]
+    fn unknown_key_in_the_file_is_rejected() {
+        let error = load("[relay]\nbatchsize = 5", &[]).unwrap_err();
+        assert!(error.contains("relay.batchsize"), "{error}");
+        assert!(error.contains("batch_size"), "lists the accepted keys: {error}");
+    }
+
+    #[test]
+    fn unknown_key_in_the_environment_is_rejected() {
+        let error = load("", &[("OUTBOX_RELAY__RELAY__POLL", "1s")]).unwrap_err();
+        assert!(error.contains("relay.poll"), "{error}");
+        assert!(error.contains("OUTBOX_RELAY__RELAY__POLL"), "names the variable: {error}");
+    }
+
+    #[test]
+    fn unknown_ordering_is_rejected() {
+        let error = load("[relay]\nordering = \"global\"", &[]).unwrap_err();
+        assert!(error.contains("relay.ordering") && error.contains("per_room"), "{error}");
+    }
+
+    #[test]
+    fn zero_values_fall_back_to_defaults_with_warnings() {
+        let config = load(
+            "[relay]\npoll_interval = \"0s\"\nbatch_size = 0\npublish_timeout = \"0ms\"",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(config.relay.poll_interval, Duration::from_secs(1));
+        assert_eq!(config.relay.batch_size, 100);
+        assert_eq!(config.relay.publish_timeout, Duration::from_secs(3));
+        let warnings = config.warnings.join("\n");
+        for key in ["relay.poll_interval", "relay.batch_size", "relay.publish_timeout"] {
+            assert!(warnings.contains(key), "{warnings}");
+        }
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let config = load(
+            "[relay]\nbatch_size = 50\n[amqp]\nexchange = \"from.file\"",
+            &[
+                ("OUTBOX_RELAY__RELAY__BATCH_SIZE", "250"),
+                ("OUTBOX_RELAY__AMQP__EXCHANGE", "from.env"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.relay.batch_size, 250);
+        assert_eq!(config.amqp.router.exchange, "from.env");
+    }
+
+    #[test]
+    fn passwords_never_reach_messages_or_effective_settings() {
+        let config = load(
+            "[database]\nurl = \"postgres://relay:s3cret@db:5432/app\"\n[amqp]\nurl = \"amqp://relay:hunter2@mq:5672/%2f\"",
+            &[],
+        )
+        .unwrap();
+        let effective = toml::to_string(&config.effective).unwrap();
+        assert!(!effective.contains("s3cret") && !effective.contains("hunter2"), "{effective}");
+        assert!(effective.contains("relay:***@db"), "{effective}");
+        let error = load("[database]\nurl = \"oracle://u:s3cret@db/x\"", &[]).unwrap_err();
+        assert!(!error.contains("s3cret"), "{error}");
+        assert!(error.contains("database.url"), "{error}");
+    }
+
+    #[test]
+    fn bad_routing_key_template_is_rejected() {
+        let error = load("[amqp]\nrouting_key = \"{tenant}.x\"", &[]).unwrap_err();
+        assert!(error.contains("amqp.routing_key") && error.contains("{tenant}"), "{error}");
+    }
+}

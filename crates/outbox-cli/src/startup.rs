@@ -1,0 +1,42 @@
+//! Opening the store and the broker and starting the relay: shared by `run`, `demo` and
+//! the end-to-end tests.
+
+use crate::settings::Config;
+use anyhow::Context as _;
+use outbox_amqp::Broker;
+use outbox_core::EventPublisher;
+use outbox_relay::Relay;
+use outbox_store::SeaOrmStore;
+use std::sync::Arc;
+use tracing::info;
+
+/// Connects to the database; migrates first when `migrate` is set.
+pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<SeaOrmStore> {
+    let database = &config.database;
+    let db = outbox_store::connect(&database.url, database.max_connections)
+        .await
+        .with_context(|| format!("cannot connect to the database at {}", database.redacted_url))?;
+    if migrate {
+        let applied = outbox_store::migrate(&db, &database.table)
+            .await
+            .with_context(|| format!("cannot migrate table {}", database.table))?;
+        for name in applied {
+            info!(migration = name, table = %database.table, "migration applied");
+        }
+    }
+    Ok(SeaOrmStore::new(db, database.table.clone()))
+}
+
+/// Connects to RabbitMQ and declares the topology.
+pub async fn open_broker(config: &Config) -> anyhow::Result<Broker> {
+    Ok(Broker::connect(config.amqp.clone()).await?)
+}
+
+/// Opens one confirm channel per publisher and starts the relay's actors.
+pub async fn start_relay(config: &Config, store: &SeaOrmStore, broker: &Broker) -> anyhow::Result<Relay> {
+    let mut ports: Vec<Arc<dyn EventPublisher>> = Vec::with_capacity(config.relay.publishers);
+    for _ in 0..config.relay.publishers {
+        ports.push(Arc::new(broker.publisher().await?));
+    }
+    Ok(Relay::start(Arc::new(store.clone()), ports, config.relay.clone()).await?)
+}

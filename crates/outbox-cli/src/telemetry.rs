@@ -1,0 +1,18 @@
+//! The tracing subscriber: pretty or JSON lines, level from `log.level` unless `RUST_LOG`.
+
+use crate::settings::{LogConfig, LogFormat};
+use tracing_subscriber::EnvFilter;
+
+/// Installs the global subscriber (once per process; later calls are ignored).
+pub fn init(log: &LogConfig) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match log.format {
+        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}

@@ -1,0 +1,80 @@
+//! Operator queries: dead events and requeueing them.
+
+use crate::sql::Params;
+use crate::store::SeaOrmStore;
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DbErr, FromQueryResult};
+
+/// A dead event as `dead list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
+pub struct DeadEvent {
+    /// Row id.
+    pub id: i64,
+    /// Event id.
+    pub event_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Room.
+    pub room_id: String,
+    /// Failed attempts.
+    pub retry_count: i32,
+    /// Why it died.
+    pub last_error: Option<String>,
+    /// When the producer wrote it.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Which dead events to requeue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requeue {
+    /// These event ids.
+    EventIds(Vec<String>),
+    /// Every dead event of this room.
+    Room(String),
+    /// Every dead event.
+    All,
+}
+
+impl SeaOrmStore {
+    /// Dead events, oldest first.
+    pub async fn dead_events(&self, limit: u64) -> Result<Vec<DeadEvent>, DbErr> {
+        let t = self.table();
+        let mut params = Params::new(self.connection().get_database_backend());
+        let limit = params.bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        DeadEvent::find_by_statement(params.statement(format!(
+            "SELECT id, event_id, event_type, room_id, retry_count, last_error, created_at \
+             FROM {t} WHERE status = 'dead' ORDER BY id LIMIT {limit}"
+        )))
+        .all(self.connection())
+        .await
+    }
+
+    /// Makes the selected dead events pending again: `retry_count = 0`, available now,
+    /// `last_error` kept for the record. Returns how many rows changed.
+    pub async fn requeue_dead(&self, which: &Requeue) -> Result<u64, DbErr> {
+        let t = self.table();
+        let mut params = Params::new(self.connection().get_database_backend());
+        let now = params.bind_time(Utc::now());
+        let filter = match which {
+            Requeue::EventIds(ids) if ids.is_empty() => return Ok(0),
+            Requeue::EventIds(ids) => {
+                let list = ids
+                    .iter()
+                    .map(|id| params.bind(id.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                format!(" AND event_id IN ({list})")
+            }
+            Requeue::Room(room) => format!(" AND room_id = {}", params.bind(room.as_str())),
+            Requeue::All => String::new(),
+        };
+        let result = self
+            .connection()
+            .execute(params.statement(format!(
+                "UPDATE {t} SET status = 'pending', retry_count = 0, available_at = {now}, \
+                 locked_by = NULL, locked_until = NULL WHERE status = 'dead'{filter}"
+            )))
+            .await?;
+        Ok(result.rows_affected())
+    }
+}
