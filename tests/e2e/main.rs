@@ -1,1 +1,16 @@
-//! e2e
+//! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary.
+//!
+//! - `delivery`: every event once, byte for byte, with the contract's properties, in room order.
+//! - `failures`: unroutable events, hold-back per room, retries and dead events.
+//! - `shutdown`: SIGTERM on the real binary.
+//! - `settings`: exit codes and messages of the binary for bad settings.
+//! - `store`: the store's own guarantees (last_error trimming, leases).
+
+mod delivery;
+mod failures;
+mod settings;
+mod shutdown;
+mod store;
+
+/// The relay binary, built from the test package (`src/bin/outbox-relay-under-test.rs`).
+pub const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay-under-test");

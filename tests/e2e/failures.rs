@@ -1,0 +1,138 @@
+//! Unroutable events, hold-back per room, retries and dead events.
+
+use outbox_store::NewEvent;
+use outbox_tests::{eventually, seed, test_config, Backend, InProcessRelay, TestBroker, TestDatabase};
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn event(id: &str, room: &str, event_type: &str) -> NewEvent {
+    NewEvent {
+        event_id: id.into(),
+        event_type: event_type.into(),
+        room_id: room.into(),
+        envelope: format!(r#"{{"id":"{id}"}}"#),
+        headers: None,
+        available_at: None,
+    }
+}
+
+/// Room `a` has an unroutable event `a1` between routable ones; room `b` is healthy.
+fn rooms_with_an_orphan() -> Vec<NewEvent> {
+    vec![
+        event("a0", "a", "room.message.posted"),
+        event("b0", "b", "room.message.posted"),
+        event("a1", "a", "orphan.created"),
+        event("b1", "b", "room.message.posted"),
+        event("a2", "a", "room.message.posted"),
+        event("b2", "b", "room.message.posted"),
+        event("a3", "a", "room.message.posted"),
+        event("b3", "b", "room.message.posted"),
+    ]
+}
+
+fn ids(received: &[outbox_tests::Received]) -> Vec<String> {
+    received.iter().map(|r| r.message_id.clone()).collect()
+}
+
+async fn wait_for_retries(database: &TestDatabase, event_id: &str, retries: i32) {
+    eventually(&format!("{event_id} to fail {retries} times"), DEADLINE, || async {
+        database.row(event_id).await.retry_count >= retries
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn unroutable_event_holds_back_its_room_until_a_binding_exists() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("room.#").await;
+    let config = test_config(&database, &broker, |settings| {
+        settings.relay.retry_interval = "100ms".into();
+    });
+    seed(&database, &rooms_with_an_orphan()).await;
+    let relay = InProcessRelay::start(&config).await;
+
+    wait_for_retries(&database, "a1", 2).await;
+    let orphan = database.row("a1").await;
+    assert_eq!(orphan.status, "pending");
+    let error = orphan.last_error.unwrap_or_default();
+    assert!(error.starts_with("unroutable: exchange="), "{error}");
+    assert!(error.contains("routing_key=orphan.created"), "{error}");
+    let received = ids(&broker.received());
+    for healthy in ["a0", "b0", "b1", "b2", "b3"] {
+        assert!(received.contains(&healthy.to_owned()), "{healthy} missing from {received:?}");
+    }
+    for held in ["a2", "a3"] {
+        assert!(!received.contains(&held.to_owned()), "{held} overtook a1: {received:?}");
+        assert_eq!(database.row(held).await.status, "pending");
+    }
+
+    broker.bind("orphan.#").await;
+    let received = ids(&broker.wait_for(8, DEADLINE).await);
+    let room_a: Vec<&String> = received.iter().filter(|id| id.starts_with('a')).collect();
+    assert_eq!(room_a, ["a0", "a1", "a2", "a3"], "room a in order once a1 succeeded");
+    relay.stop().await;
+    for row in database.rows().await {
+        assert_eq!(row.status, "published", "{}", row.event_id);
+    }
+    broker.close().await;
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn without_ordering_an_unroutable_event_holds_nothing_back() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("room.#").await;
+    let config = test_config(&database, &broker, |settings| {
+        settings.relay.ordering = "none".into();
+        settings.relay.retry_interval = "100ms".into();
+    });
+    seed(&database, &rooms_with_an_orphan()).await;
+    let relay = InProcessRelay::start(&config).await;
+
+    let received = ids(&broker.wait_for(7, DEADLINE).await);
+    assert!(!received.contains(&"a1".to_owned()));
+    wait_for_retries(&database, "a1", 1).await;
+    assert_eq!(database.row("a1").await.status, "pending");
+
+    broker.bind("orphan.#").await;
+    let received = ids(&broker.wait_for(8, DEADLINE).await);
+    assert_eq!(received.last().map(String::as_str), Some("a1"), "a1 comes last, once bound");
+    relay.stop().await;
+    broker.close().await;
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn max_attempts_turns_a_failing_event_dead_and_its_room_flows_on() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let broker = TestBroker::new("room.#").await;
+    let settings = outbox_tests::test_settings(&database, &broker, |settings| {
+        settings.relay.max_attempts = 3;
+        settings.relay.retry_interval = "50ms".into();
+    });
+    let config = settings.clone().validate().unwrap();
+    seed(&database, &rooms_with_an_orphan()).await;
+    let relay = InProcessRelay::start(&config).await;
+
+    let received = ids(&broker.wait_for(7, DEADLINE).await);
+    let room_a: Vec<&String> = received.iter().filter(|id| id.starts_with('a')).collect();
+    assert_eq!(room_a, ["a0", "a2", "a3"], "the room flows on once a1 is dead");
+    relay.stop().await;
+    let dead = database.row("a1").await;
+    assert_eq!(dead.status, "dead");
+    assert_eq!(dead.retry_count, 3);
+    assert!(dead.last_error.unwrap_or_default().starts_with("unroutable"));
+
+    let status = outbox_tests::run_binary(crate::RELAY, &settings, &["status", "--json"]);
+    assert!(status.status.success(), "{status:?}");
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status --json is JSON");
+    assert_eq!(json["dead"], 1, "{json}");
+    assert_eq!(json["published"], 7, "{json}");
+    assert_eq!(json["pending"], 0, "{json}");
+    let list = outbox_tests::run_binary(crate::RELAY, &settings, &["dead", "list", "--json"]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(text.contains("\"event_id\":\"a1\""), "{text}");
+    broker.close().await;
+    database.drop_table().await;
+}

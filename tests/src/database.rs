@@ -1,0 +1,118 @@
+//! A fresh outbox table per test, on PostgreSQL, SQLite or MySQL/MariaDB.
+
+use crate::unique_name;
+use outbox_store::entity::Model;
+use outbox_store::{SeaOrmStore, TableName};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, FromQueryResult, Statement};
+use std::path::PathBuf;
+
+/// Which database a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `OUTBOX_TEST_DATABASE_URL`, default the local PostgreSQL.
+    Postgres,
+    /// A temporary SQLite file.
+    Sqlite,
+    /// `OUTBOX_TEST_MYSQL_URL`, default the local MariaDB.
+    MySql,
+}
+
+/// A migrated, empty outbox table of its own.
+pub struct TestDatabase {
+    /// Connection URL.
+    pub url: String,
+    /// The test's table.
+    pub table: TableName,
+    /// A store on it.
+    pub store: SeaOrmStore,
+    /// The SQLite file to remove afterwards.
+    file: Option<PathBuf>,
+}
+
+impl TestDatabase {
+    /// A fresh table on `backend`.
+    pub async fn new(backend: Backend) -> Self {
+        let (url, file, how_to_start) = match backend {
+            Backend::Postgres => (
+                std::env::var("OUTBOX_TEST_DATABASE_URL")
+                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+                None,
+                "start it with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` \
+                 or point OUTBOX_TEST_DATABASE_URL at one",
+            ),
+            Backend::MySql => (
+                std::env::var("OUTBOX_TEST_MYSQL_URL")
+                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+                None,
+                "start it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` \
+                 or point OUTBOX_TEST_MYSQL_URL at one",
+            ),
+            Backend::Sqlite => {
+                let file = std::env::temp_dir().join(format!("{}.db", unique_name("outbox_e2e")));
+                (format!("sqlite://{}?mode=rwc", file.display()), Some(file), "")
+            }
+        };
+        let db = outbox_store::connect(&url, 10).await.unwrap_or_else(|error| {
+            panic!("{backend:?} is not reachable at {url}: {error}; {how_to_start}")
+        });
+        let table = TableName::parse(&unique_name("e2e")).expect("a valid table name");
+        outbox_store::migrate(&db, &table).await.expect("migration runs");
+        let store = SeaOrmStore::new(db, table.clone());
+        Self {
+            url,
+            table,
+            store,
+            file,
+        }
+    }
+
+    /// The connection pool.
+    pub fn db(&self) -> &DatabaseConnection {
+        self.store.connection()
+    }
+
+    /// Every row, by id.
+    pub async fn rows(&self) -> Vec<Model> {
+        let sql = format!("SELECT * FROM {} ORDER BY id", self.table);
+        Model::find_by_statement(Statement::from_string(self.backend(), sql))
+            .all(self.db())
+            .await
+            .expect("rows readable")
+    }
+
+    /// The row of `event_id`.
+    pub async fn row(&self, event_id: &str) -> Model {
+        self.rows()
+            .await
+            .into_iter()
+            .find(|row| row.event_id == event_id)
+            .unwrap_or_else(|| panic!("no row {event_id}"))
+    }
+
+    /// Runs one statement on the test's table (`{t}` stands for its name).
+    pub async fn execute(&self, sql: &str) {
+        let sql = sql.replace("{t}", self.table.as_str());
+        self.db()
+            .execute(Statement::from_string(self.backend(), sql))
+            .await
+            .expect("statement runs");
+    }
+
+    fn backend(&self) -> DbBackend {
+        self.db().get_database_backend()
+    }
+
+    /// Drops the table (and the SQLite file). Call at the end of a passing test.
+    pub async fn drop_table(self) {
+        let t = self.table.as_str();
+        for sql in [format!("DROP TABLE IF EXISTS {t}"), format!("DROP TABLE IF EXISTS {t}_migrations")] {
+            let _ = self.db().execute(Statement::from_string(self.backend(), sql)).await;
+        }
+        let _ = self.db().clone().close().await;
+        if let Some(file) = self.file {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+            }
+        }
+    }
+}
