@@ -1,6 +1,8 @@
 //! Every event arrives once, byte for byte, with the properties of DESIGN §5, in room order.
 
-use outbox_tests::{room_events, seed, test_config, Backend, InProcessRelay, Received, TestBroker, TestDatabase};
+use outbox_tests::{
+    room_events, seed, test_config, Backend, InProcessRelay, Received, TestBroker, TestDatabase,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -18,7 +20,10 @@ async fn delivers_every_event_once_in_room_order(backend: Backend, events: usize
 
     // Exactly once.
     assert_eq!(received.len(), events, "no duplicates");
-    let by_id: HashMap<&str, &Received> = received.iter().map(|r| (r.message_id.as_str(), r)).collect();
+    let by_id: HashMap<&str, &Received> = received
+        .iter()
+        .map(|r| (r.message_id.as_str(), r))
+        .collect();
     assert_eq!(by_id.len(), events, "every event id once");
 
     // Byte for byte, with the contract's properties and headers.
@@ -27,21 +32,37 @@ async fn delivers_every_event_once_in_room_order(backend: Backend, events: usize
     for (event, row) in seeded.iter().zip(&rows) {
         assert_eq!(row.event_id, event.event_id);
         let message = by_id[event.event_id.as_str()];
-        assert_eq!(message.body, event.envelope.as_bytes(), "{}: body", event.event_id);
+        assert_eq!(
+            message.body,
+            event.envelope.as_bytes(),
+            "{}: body",
+            event.event_id
+        );
         assert_eq!(message.kind, event.event_type);
-        assert_eq!(message.routing_key, event.event_type, "default routing key template");
+        assert_eq!(
+            message.routing_key, event.event_type,
+            "default routing key template"
+        );
         assert_eq!(message.content_type, "application/json");
         assert_eq!(message.delivery_mode, 2);
         assert_eq!(message.app_id, "outbox-relay");
         assert_eq!(message.timestamp, row.created_at.timestamp() as u64);
-        assert_eq!(message.header("room_id").as_deref(), Some(event.room_id.as_str()));
+        assert_eq!(
+            message.header("room_id").as_deref(),
+            Some(event.room_id.as_str())
+        );
         assert_eq!(message.int_header("outbox_id"), Some(row.id));
         assert_eq!(message.int_header("retry_count"), Some(0));
         assert_eq!(message.header("node_id").as_ref(), Some(node_id));
         if let Some(headers) = &event.headers {
             let extra: BTreeMap<String, String> = serde_json::from_str(headers).unwrap();
             for (key, value) in extra {
-                assert_eq!(message.header(&key), Some(value), "{}: header {key}", event.event_id);
+                assert_eq!(
+                    message.header(&key),
+                    Some(value),
+                    "{}: header {key}",
+                    event.event_id
+                );
             }
         } else {
             assert_eq!(message.header("tenant"), None);

@@ -1,7 +1,9 @@
 //! Unroutable events, hold-back per room, retries and dead events.
 
 use outbox_store::NewEvent;
-use outbox_tests::{eventually, seed, test_config, Backend, InProcessRelay, TestBroker, TestDatabase};
+use outbox_tests::{
+    eventually, seed, test_config, Backend, InProcessRelay, TestBroker, TestDatabase,
+};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -36,9 +38,11 @@ fn ids(received: &[outbox_tests::Received]) -> Vec<String> {
 }
 
 async fn wait_for_retries(database: &TestDatabase, event_id: &str, retries: i32) {
-    eventually(&format!("{event_id} to fail {retries} times"), DEADLINE, || async {
-        database.row(event_id).await.retry_count >= retries
-    })
+    eventually(
+        &format!("{event_id} to fail {retries} times"),
+        DEADLINE,
+        || async { database.row(event_id).await.retry_count >= retries },
+    )
     .await;
 }
 
@@ -60,17 +64,27 @@ async fn unroutable_event_holds_back_its_room_until_a_binding_exists() {
     assert!(error.contains("routing_key=orphan.created"), "{error}");
     let received = ids(&broker.received());
     for healthy in ["a0", "b0", "b1", "b2", "b3"] {
-        assert!(received.contains(&healthy.to_owned()), "{healthy} missing from {received:?}");
+        assert!(
+            received.contains(&healthy.to_owned()),
+            "{healthy} missing from {received:?}"
+        );
     }
     for held in ["a2", "a3"] {
-        assert!(!received.contains(&held.to_owned()), "{held} overtook a1: {received:?}");
+        assert!(
+            !received.contains(&held.to_owned()),
+            "{held} overtook a1: {received:?}"
+        );
         assert_eq!(database.row(held).await.status, "pending");
     }
 
     broker.bind("orphan.#").await;
     let received = ids(&broker.wait_for(8, DEADLINE).await);
     let room_a: Vec<&String> = received.iter().filter(|id| id.starts_with('a')).collect();
-    assert_eq!(room_a, ["a0", "a1", "a2", "a3"], "room a in order once a1 succeeded");
+    assert_eq!(
+        room_a,
+        ["a0", "a1", "a2", "a3"],
+        "room a in order once a1 succeeded"
+    );
     relay.stop().await;
     for row in database.rows().await {
         assert_eq!(row.status, "published", "{}", row.event_id);
@@ -97,7 +111,11 @@ async fn without_ordering_an_unroutable_event_holds_nothing_back() {
 
     broker.bind("orphan.#").await;
     let received = ids(&broker.wait_for(8, DEADLINE).await);
-    assert_eq!(received.last().map(String::as_str), Some("a1"), "a1 comes last, once bound");
+    assert_eq!(
+        received.last().map(String::as_str),
+        Some("a1"),
+        "a1 comes last, once bound"
+    );
     relay.stop().await;
     broker.close().await;
     database.drop_table().await;
@@ -117,16 +135,24 @@ async fn max_attempts_turns_a_failing_event_dead_and_its_room_flows_on() {
 
     let received = ids(&broker.wait_for(7, DEADLINE).await);
     let room_a: Vec<&String> = received.iter().filter(|id| id.starts_with('a')).collect();
-    assert_eq!(room_a, ["a0", "a2", "a3"], "the room flows on once a1 is dead");
+    assert_eq!(
+        room_a,
+        ["a0", "a2", "a3"],
+        "the room flows on once a1 is dead"
+    );
     relay.stop().await;
     let dead = database.row("a1").await;
     assert_eq!(dead.status, "dead");
     assert_eq!(dead.retry_count, 3);
-    assert!(dead.last_error.unwrap_or_default().starts_with("unroutable"));
+    assert!(dead
+        .last_error
+        .unwrap_or_default()
+        .starts_with("unroutable"));
 
     let status = outbox_tests::run_binary(crate::RELAY, &settings, &["status", "--json"]);
     assert!(status.status.success(), "{status:?}");
-    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status --json is JSON");
+    let json: serde_json::Value =
+        serde_json::from_slice(&status.stdout).expect("status --json is JSON");
     assert_eq!(json["dead"], 1, "{json}");
     assert_eq!(json["published"], 7, "{json}");
     assert_eq!(json["pending"], 0, "{json}");

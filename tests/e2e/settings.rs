@@ -25,16 +25,29 @@ fn unknown_retry_strategy_exits_2_naming_the_key() {
     let output = relay("[relay]\nretry_strategy = \"sometimes\"\n", &[], &["run"]);
     assert_eq!(output.status.code(), Some(2));
     let text = stderr(&output);
-    assert!(text.contains("relay.retry_strategy") && text.contains("sometimes"), "{text}");
-    assert!(text.contains("fixed_interval"), "says what is accepted: {text}");
+    assert!(
+        text.contains("relay.retry_strategy") && text.contains("sometimes"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fixed_interval"),
+        "says what is accepted: {text}"
+    );
 }
 
 #[test]
 fn bad_duration_from_the_environment_exits_2_naming_the_key() {
-    let output = relay("", &[("OUTBOX_RELAY__RELAY__PUBLISH_TIMEOUT", "three seconds")], &["check-config"]);
+    let output = relay(
+        "",
+        &[("OUTBOX_RELAY__RELAY__PUBLISH_TIMEOUT", "three seconds")],
+        &["check-config"],
+    );
     assert_eq!(output.status.code(), Some(2));
     let text = stderr(&output);
-    assert!(text.contains("relay.publish_timeout") && text.contains("three seconds"), "{text}");
+    assert!(
+        text.contains("relay.publish_timeout") && text.contains("three seconds"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -64,9 +77,18 @@ fn check_config_shows_env_overrides_normalised_zeros_and_no_secrets() {
     );
     assert!(output.status.success(), "{}", stderr(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("batch_size = 42"), "environment wins: {stdout}");
-    assert!(stdout.contains("relay.poll_interval is zero; using the default 1s"), "{stdout}");
-    assert!(!stdout.contains("s3cret") && !stderr(&output).contains("s3cret"), "{stdout}");
+    assert!(
+        stdout.contains("batch_size = 42"),
+        "environment wins: {stdout}"
+    );
+    assert!(
+        stdout.contains("relay.poll_interval is zero; using the default 1s"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("s3cret") && !stderr(&output).contains("s3cret"),
+        "{stdout}"
+    );
     assert!(stdout.contains("relay:***@db"), "{stdout}");
 }
 

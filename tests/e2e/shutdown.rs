@@ -1,6 +1,8 @@
 //! SIGTERM on the real binary (DESIGN §7).
 
-use outbox_tests::{eventually, room_events, seed, settings_env, test_settings, Backend, TestBroker, TestDatabase};
+use outbox_tests::{
+    eventually, room_events, seed, settings_env, test_settings, Backend, TestBroker, TestDatabase,
+};
 use std::collections::HashSet;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -60,25 +62,58 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
     // DESIGN §7: exit 0 within publish_timeout + 2 s.
     let status = wait_exit(&mut first, Duration::from_secs(5), &log).await;
     let took = signalled.elapsed();
-    assert!(status.success(), "exit status {status:?}; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     assert!(took <= Duration::from_secs(5), "shutdown took {took:?}");
 
     let rows = database.rows().await;
     let published = rows.iter().filter(|row| row.status == "published").count();
     for row in &rows {
-        assert!(row.locked_by.is_none(), "{} still locked by {:?}", row.event_id, row.locked_by);
-        assert!(row.status == "published" || row.status == "pending", "{}: {}", row.event_id, row.status);
+        assert!(
+            row.locked_by.is_none(),
+            "{} still locked by {:?}",
+            row.event_id,
+            row.locked_by
+        );
+        assert!(
+            row.status == "published" || row.status == "pending",
+            "{}: {}",
+            row.event_id,
+            row.status
+        );
     }
-    assert!(published < EVENTS, "the run was cut short ({published} published)");
-    let received: HashSet<String> = broker.received().into_iter().map(|r| r.message_id).collect();
+    assert!(
+        published < EVENTS,
+        "the run was cut short ({published} published)"
+    );
+    let received: HashSet<String> = broker
+        .received()
+        .into_iter()
+        .map(|r| r.message_id)
+        .collect();
     for row in rows.iter().filter(|row| row.status == "published") {
-        assert!(received.contains(&row.event_id), "{} marked published but never arrived", row.event_id);
+        assert!(
+            received.contains(&row.event_id),
+            "{} marked published but never arrived",
+            row.event_id
+        );
     }
 
     let mut second = spawn_relay(&settings, &log);
-    eventually("every row published by the second run", Duration::from_secs(120), || async {
-        database.rows().await.iter().all(|row| row.status == "published")
-    })
+    eventually(
+        "every row published by the second run",
+        Duration::from_secs(120),
+        || async {
+            database
+                .rows()
+                .await
+                .iter()
+                .all(|row| row.status == "published")
+        },
+    )
     .await;
     signal(&second, "TERM");
     let status = wait_exit(&mut second, Duration::from_secs(5), &log).await;
@@ -87,7 +122,11 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
     let deliveries = broker.wait_for(EVENTS, Duration::from_secs(30)).await;
     let distinct: HashSet<&str> = deliveries.iter().map(|r| r.message_id.as_str()).collect();
     for event in &seeded {
-        assert!(distinct.contains(event.event_id.as_str()), "{} lost", event.event_id);
+        assert!(
+            distinct.contains(event.event_id.as_str()),
+            "{} lost",
+            event.event_id
+        );
     }
     println!(
         "sigterm test: {published} published before SIGTERM (in {took:?}), {} deliveries for {EVENTS} events, {} duplicates",

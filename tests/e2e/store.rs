@@ -29,15 +29,29 @@ fn claim(node: &str, limit: usize, ordering: Ordering) -> ClaimRequest {
 async fn long_multibyte_error_is_stored_within_512_bytes(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     outbox_tests::seed(&database, &[event("e1", "r")]).await;
-    let claimed = database.store.claim(&claim("n1", 10, Ordering::PerRoom)).await.unwrap();
+    let claimed = database
+        .store
+        .claim(&claim("n1", 10, Ordering::PerRoom))
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 1);
     // 300 two-byte characters: 600 bytes.
     let error = trim_error(&"é".repeat(300));
     let batch = MarkBatch {
-        retried: vec![(Failure { id: claimed[0].id, error }, Utc::now())],
+        retried: vec![(
+            Failure {
+                id: claimed[0].id,
+                error,
+            },
+            Utc::now(),
+        )],
         ..MarkBatch::default()
     };
-    database.store.mark("n1", &batch).await.expect("the database accepts the trimmed error");
+    database
+        .store
+        .mark("n1", &batch)
+        .await
+        .expect("the database accepts the trimmed error");
     let row = database.row("e1").await;
     let stored = row.last_error.expect("last_error set");
     assert!(stored.len() <= 512, "{} bytes", stored.len());
@@ -59,31 +73,60 @@ async fn sqlite_keeps_last_error_within_512_bytes_on_a_char_boundary() {
 
 async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
     let database = TestDatabase::new(backend).await;
-    let events: Vec<NewEvent> = ["a1", "b1", "a2", "b2", "a3"].iter().map(|id| event(id, &id[..1])).collect();
+    let events: Vec<NewEvent> = ["a1", "b1", "a2", "b2", "a3"]
+        .iter()
+        .map(|id| event(id, &id[..1]))
+        .collect();
     outbox_tests::seed(&database, &events).await;
     let store = &database.store;
 
-    let first = store.claim(&claim("n1", 3, Ordering::PerRoom)).await.unwrap();
+    let first = store
+        .claim(&claim("n1", 3, Ordering::PerRoom))
+        .await
+        .unwrap();
     let ids: Vec<&str> = first.iter().map(|r| r.event_id.as_str()).collect();
-    assert_eq!(ids, ["a1", "b1", "a2"], "oldest first, a prefix of each room");
-    let second = store.claim(&claim("n2", 10, Ordering::PerRoom)).await.unwrap();
-    assert!(second.is_empty(), "rooms with rows in flight are skipped: {second:?}");
+    assert_eq!(
+        ids,
+        ["a1", "b1", "a2"],
+        "oldest first, a prefix of each room"
+    );
+    let second = store
+        .claim(&claim("n2", 10, Ordering::PerRoom))
+        .await
+        .unwrap();
+    assert!(
+        second.is_empty(),
+        "rooms with rows in flight are skipped: {second:?}"
+    );
 
     // b1 published, a1 fails with backoff, a2 released: room b flows, room a waits for a1.
     let batch = MarkBatch {
         published: vec![first[1].id],
-        retried: vec![(Failure { id: first[0].id, error: "nacked".into() }, Utc::now() + chrono::Duration::seconds(60))],
+        retried: vec![(
+            Failure {
+                id: first[0].id,
+                error: "nacked".into(),
+            },
+            Utc::now() + chrono::Duration::seconds(60),
+        )],
         released: vec![first[2].id],
         ..MarkBatch::default()
     };
     store.mark("n1", &batch).await.unwrap();
-    let third = store.claim(&claim("n2", 10, Ordering::PerRoom)).await.unwrap();
+    let third = store
+        .claim(&claim("n2", 10, Ordering::PerRoom))
+        .await
+        .unwrap();
     let ids: Vec<&str> = third.iter().map(|r| r.event_id.as_str()).collect();
     assert_eq!(ids, ["b2"], "a2 and a3 wait behind a1's backoff");
 
     let none = store.claim(&claim("n3", 10, Ordering::None)).await.unwrap();
     let ids: Vec<&str> = none.iter().map(|r| r.event_id.as_str()).collect();
-    assert_eq!(ids, ["a2", "a3"], "without ordering only leases and backoff count");
+    assert_eq!(
+        ids,
+        ["a2", "a3"],
+        "without ordering only leases and backoff count"
+    );
 
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.claimed.get("n2"), Some(&1));
@@ -111,22 +154,82 @@ async fn a_node_that_lost_its_lease_cannot_overwrite_the_new_holder_but_publishe
     let database = TestDatabase::new(Backend::Postgres).await;
     outbox_tests::seed(&database, &[event("x1", "x"), event("y1", "y")]).await;
     let store = &database.store;
-    let claimed = store.claim(&claim("old", 10, Ordering::PerRoom)).await.unwrap();
+    let claimed = store
+        .claim(&claim("old", 10, Ordering::PerRoom))
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 2);
     // The old node's lease expires and another node claims both rows.
-    database.execute("UPDATE {t} SET locked_until = locked_until - interval '1 hour'").await;
-    let reclaimed = store.claim(&claim("new", 10, Ordering::PerRoom)).await.unwrap();
+    database
+        .execute("UPDATE {t} SET locked_until = locked_until - interval '1 hour'")
+        .await;
+    let reclaimed = store
+        .claim(&claim("new", 10, Ordering::PerRoom))
+        .await
+        .unwrap();
     assert_eq!(reclaimed.len(), 2);
     let stale = MarkBatch {
         published: vec![claimed[0].id],
-        retried: vec![(Failure { id: claimed[1].id, error: "late".into() }, Utc::now())],
+        retried: vec![(
+            Failure {
+                id: claimed[1].id,
+                error: "late".into(),
+            },
+            Utc::now(),
+        )],
         ..MarkBatch::default()
     };
     store.mark("old", &stale).await.unwrap();
     let x1 = database.row("x1").await;
-    assert_eq!(x1.status, "published", "the broker confirmed it: published wins");
+    assert_eq!(
+        x1.status, "published",
+        "the broker confirmed it: published wins"
+    );
     let y1 = database.row("y1").await;
-    assert_eq!(y1.locked_by.as_deref(), Some("new"), "the new holder keeps its lease");
+    assert_eq!(
+        y1.locked_by.as_deref(),
+        Some("new"),
+        "the new holder keeps its lease"
+    );
     assert_eq!(y1.retry_count, 0, "the stale failure is ignored");
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn a_node_may_claim_deeper_into_rooms_it_holds() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let events: Vec<NewEvent> = ["a1", "a2", "a3", "a4"]
+        .iter()
+        .map(|id| event(id, "a"))
+        .collect();
+    outbox_tests::seed(&database, &events).await;
+    let store = &database.store;
+    let first = store
+        .claim(&claim("n1", 2, Ordering::PerRoom))
+        .await
+        .unwrap();
+    assert_eq!(
+        first
+            .iter()
+            .map(|r| r.event_id.as_str())
+            .collect::<Vec<_>>(),
+        ["a1", "a2"]
+    );
+    let other = store
+        .claim(&claim("n2", 10, Ordering::PerRoom))
+        .await
+        .unwrap();
+    assert!(other.is_empty(), "{other:?}");
+    let deeper = store
+        .claim(&claim("n1", 10, Ordering::PerRoom))
+        .await
+        .unwrap();
+    assert_eq!(
+        deeper
+            .iter()
+            .map(|r| r.event_id.as_str())
+            .collect::<Vec<_>>(),
+        ["a3", "a4"]
+    );
     database.drop_table().await;
 }

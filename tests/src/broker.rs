@@ -202,7 +202,10 @@ impl TestBroker {
     pub async fn close(self) {
         let _ = self
             .channel
-            .exchange_delete(self.exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
             .await;
         let _ = self.channel.close(200, "done".into()).await;
         let _ = self.connection.close(200, "done".into()).await;

@@ -52,11 +52,15 @@ impl TestDatabase {
                 (format!("sqlite://{}?mode=rwc", file.display()), Some(file), "")
             }
         };
-        let db = outbox_store::connect(&url, 10).await.unwrap_or_else(|error| {
-            panic!("{backend:?} is not reachable at {url}: {error}; {how_to_start}")
-        });
+        let db = outbox_store::connect(&url, 10)
+            .await
+            .unwrap_or_else(|error| {
+                panic!("{backend:?} is not reachable at {url}: {error}; {how_to_start}")
+            });
         let table = TableName::parse(&unique_name("e2e")).expect("a valid table name");
-        outbox_store::migrate(&db, &table).await.expect("migration runs");
+        outbox_store::migrate(&db, &table)
+            .await
+            .expect("migration runs");
         let store = SeaOrmStore::new(db, table.clone());
         Self {
             url,
@@ -105,8 +109,14 @@ impl TestDatabase {
     /// Drops the table (and the SQLite file). Call at the end of a passing test.
     pub async fn drop_table(self) {
         let t = self.table.as_str();
-        for sql in [format!("DROP TABLE IF EXISTS {t}"), format!("DROP TABLE IF EXISTS {t}_migrations")] {
-            let _ = self.db().execute(Statement::from_string(self.backend(), sql)).await;
+        for sql in [
+            format!("DROP TABLE IF EXISTS {t}"),
+            format!("DROP TABLE IF EXISTS {t}_migrations"),
+        ] {
+            let _ = self
+                .db()
+                .execute(Statement::from_string(self.backend(), sql))
+                .await;
         }
         let _ = self.db().clone().close().await;
         if let Some(file) = self.file {

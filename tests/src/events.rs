@@ -12,7 +12,12 @@ pub fn room_events(prefix: &str, count: usize, rooms: usize) -> Vec<NewEvent> {
             event_type: "room.message.posted".into(),
             room_id: format!("room-{}", n % rooms),
             envelope: format!(r#"{{"n":{n},"text":"héllo wörld {n}"}}"#),
-            headers: (n % 3 == 0).then(|| format!(r#"{{"tenant":"t{}","traceparent":"00-{n:032x}-{n:016x}-01"}}"#, n % 7)),
+            headers: (n % 3 == 0).then(|| {
+                format!(
+                    r#"{{"tenant":"t{}","traceparent":"00-{n:032x}-{n:016x}-01"}}"#,
+                    n % 7
+                )
+            }),
             available_at: None,
         })
         .collect()

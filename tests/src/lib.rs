@@ -89,7 +89,11 @@ pub fn settings_env(settings: &Settings) -> Vec<(String, String)> {
                 other => other.to_string(),
             };
             env.push((
-                format!("OUTBOX_RELAY__{}__{}", section.to_uppercase(), key.to_uppercase()),
+                format!(
+                    "OUTBOX_RELAY__{}__{}",
+                    section.to_uppercase(),
+                    key.to_uppercase()
+                ),
                 text,
             ));
         }

@@ -117,7 +117,12 @@ impl Broker {
             };
             let kind = &self.settings.exchange_type;
             channel
-                .exchange_declare(exchange.into(), exchange_kind(kind), options, FieldTable::default())
+                .exchange_declare(
+                    exchange.into(),
+                    exchange_kind(kind),
+                    options,
+                    FieldTable::default(),
+                )
                 .await
                 .map_err(|source| AmqpError::Declare {
                     exchange: exchange.to_owned(),
@@ -151,6 +156,9 @@ impl Broker {
     /// Closes the connection; channels must be closed first (see STACK.md: dropping the
     /// last clone of a channel closes it in the background and races this close).
     pub async fn close(&self) {
-        let _ = self.connection.close(200, "outbox-relay stopping".into()).await;
+        let _ = self
+            .connection
+            .close(200, "outbox-relay stopping".into())
+            .await;
     }
 }

@@ -66,7 +66,9 @@ fn parse_headers(json: &str) -> Result<Vec<(String, String)>, PublishError> {
         .map(|(key, value)| match value {
             serde_json::Value::String(text) if key.len() <= 255 => Ok((key, text)),
             serde_json::Value::String(_) => Err(invalid(format!("key of {} bytes", key.len()))),
-            other => Err(invalid(format!("value of {key:?} is not a string: {other}"))),
+            other => Err(invalid(format!(
+                "value of {key:?} is not a string: {other}"
+            ))),
         })
         .collect()
 }
@@ -98,7 +100,11 @@ mod tests {
 
     #[test]
     fn properties_follow_the_contract() {
-        let props = properties(&record(Some(r#"{"traceparent":"00-ab","room_id":"spoof"}"#)), &settings()).unwrap();
+        let props = properties(
+            &record(Some(r#"{"traceparent":"00-ab","room_id":"spoof"}"#)),
+            &settings(),
+        )
+        .unwrap();
         assert_eq!(props.message_id().as_ref().unwrap().as_str(), "ev-7");
         assert_eq!(props.kind().as_ref().unwrap().as_str(), "room.created");
         assert_eq!(*props.delivery_mode(), Some(2));
@@ -108,7 +114,10 @@ mod tests {
         assert_eq!(headers.get("outbox_id"), Some(&AMQPValue::LongLongInt(7)));
         assert_eq!(headers.get("retry_count"), Some(&AMQPValue::LongInt(2)));
         assert_eq!(headers.get("room_id"), Some(&long_string("r1".into())));
-        assert_eq!(headers.get("traceparent"), Some(&long_string("00-ab".into())));
+        assert_eq!(
+            headers.get("traceparent"),
+            Some(&long_string("00-ab".into()))
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! - [`settings`]: layered settings and their validation.
 //! - [`telemetry`]: the tracing subscriber.
 //! - [`startup`]: opening the store and the broker, starting the relay.
-//! - [`signals`]: SIGINT/SIGTERM.
+//! - [`signals`]: the stop signals (SIGINT, SIGTERM).
 //! - [`commands`]: one module per subcommand.
 
 pub mod cli;
@@ -34,7 +34,10 @@ pub fn main() -> ExitCode {
         Some(path) => (path.clone(), true),
         None => (PathBuf::from(cli::DEFAULT_CONFIG), false),
     };
-    let config = match Settings::load(&path, required).map_err(|error| vec![error]).and_then(Settings::validate) {
+    let config = match Settings::load(&path, required)
+        .map_err(|error| vec![error])
+        .and_then(Settings::validate)
+    {
         Ok(config) => config,
         Err(errors) => {
             for error in errors {

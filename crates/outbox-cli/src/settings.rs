@@ -22,7 +22,7 @@ use thiserror::Error;
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
 
 /// The settings file, as written.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     /// `[database]`
@@ -132,18 +132,6 @@ pub struct LogSettings {
 pub struct MetricsSettings {
     /// Address of the metrics and health endpoint; empty disables it.
     pub listen: String,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            database: DatabaseSettings::default(),
-            amqp: AmqpSection::default(),
-            relay: RelaySettings::default(),
-            log: LogSettings::default(),
-            metrics: MetricsSettings::default(),
-        }
-    }
 }
 
 impl Default for DatabaseSettings {
@@ -313,13 +301,14 @@ impl Settings {
             &["sqlite", "postgres", "postgresql", "mysql", "mariadb"],
         ));
         let amqp_url = check.take(url_setting("amqp.url", &self.amqp.url, &["amqp"]));
-        let table = check.take(TableName::parse(&database.table).map_err(|error| {
-            ConfigError::Invalid {
-                key: "database.table".into(),
-                value: database.table.clone(),
-                accepted: error.to_string(),
-            }
-        }));
+        let table =
+            check.take(
+                TableName::parse(&database.table).map_err(|error| ConfigError::Invalid {
+                    key: "database.table".into(),
+                    value: database.table.clone(),
+                    accepted: error.to_string(),
+                }),
+            );
         let max_connections = positive(
             "database.max_connections",
             database.max_connections,
@@ -328,43 +317,55 @@ impl Settings {
         );
         let publishers = positive("relay.publishers", relay.publishers, 4, &mut warnings);
         let batch_size = positive("relay.batch_size", relay.batch_size, 100, &mut warnings);
-        let max_attempts = check.take(u32::try_from(relay.max_attempts).map_err(|_| {
-            ConfigError::Invalid {
-                key: "relay.max_attempts".into(),
-                value: relay.max_attempts.to_string(),
-                accepted: "a whole number from 0 (retry forever) up".into(),
-            }
-        }));
+        let max_attempts =
+            check.take(
+                u32::try_from(relay.max_attempts).map_err(|_| ConfigError::Invalid {
+                    key: "relay.max_attempts".into(),
+                    value: relay.max_attempts.to_string(),
+                    accepted: "a whole number from 0 (retry forever) up".into(),
+                }),
+            );
         let poll_interval = check.take(duration("relay.poll_interval", &relay.poll_interval));
         let publish_timeout = check.take(duration("relay.publish_timeout", &relay.publish_timeout));
         let retry_interval = check.take(duration("relay.retry_interval", &relay.retry_interval));
-        let retry_max_interval =
-            check.take(duration("relay.retry_max_interval", &relay.retry_max_interval));
+        let retry_max_interval = check.take(duration(
+            "relay.retry_max_interval",
+            &relay.retry_max_interval,
+        ));
         let lease = check.take(duration("relay.lease", &relay.lease));
-        let shutdown_timeout = check.take(duration("relay.shutdown_timeout", &relay.shutdown_timeout));
+        let shutdown_timeout =
+            check.take(duration("relay.shutdown_timeout", &relay.shutdown_timeout));
         // A blank strategy means the default, as in the original worker.
         let strategy = check.take(match relay.retry_strategy.trim() {
             "" => Ok(RetryStrategy::default()),
-            other => other.parse::<RetryStrategy>().map_err(|()| ConfigError::Invalid {
-                key: "relay.retry_strategy".into(),
-                value: other.into(),
-                accepted: format!("one of {}", RetryStrategy::ACCEPTED),
-            }),
+            other => other
+                .parse::<RetryStrategy>()
+                .map_err(|()| ConfigError::Invalid {
+                    key: "relay.retry_strategy".into(),
+                    value: other.into(),
+                    accepted: format!("one of {}", RetryStrategy::ACCEPTED),
+                }),
         });
-        let ordering = check.take(relay.ordering.parse::<Ordering>().map_err(|()| {
-            ConfigError::Invalid {
-                key: "relay.ordering".into(),
-                value: relay.ordering.clone(),
-                accepted: format!("one of {}", Ordering::ACCEPTED),
-            }
-        }));
+        let ordering =
+            check.take(
+                relay
+                    .ordering
+                    .parse::<Ordering>()
+                    .map_err(|()| ConfigError::Invalid {
+                        key: "relay.ordering".into(),
+                        value: relay.ordering.clone(),
+                        accepted: format!("one of {}", Ordering::ACCEPTED),
+                    }),
+            );
         let exchange_type = check.take(match self.amqp.exchange_type.as_str() {
             "topic" | "direct" | "fanout" | "headers" => Ok(()),
             custom if custom.starts_with("x-") => Ok(()),
             other => Err(ConfigError::Invalid {
                 key: "amqp.exchange_type".into(),
                 value: other.into(),
-                accepted: "one of \"topic\", \"direct\", \"fanout\", \"headers\" or a plugin type \"x-…\"".into(),
+                accepted:
+                    "one of \"topic\", \"direct\", \"fanout\", \"headers\" or a plugin type \"x-…\""
+                        .into(),
             }),
         });
         let router = check.take(router(&self.amqp));
@@ -390,12 +391,16 @@ impl Settings {
         );
         let metrics_listen = check.take(match self.metrics.listen.trim() {
             "" => Ok(None),
-            listen => listen.parse::<SocketAddr>().map(Some).map_err(|_| ConfigError::Invalid {
-                key: "metrics.listen".into(),
-                value: listen.into(),
-                accepted: "an address such as \"127.0.0.1:9187\", or \"\" to disable the endpoint"
-                    .into(),
-            }),
+            listen => listen
+                .parse::<SocketAddr>()
+                .map(Some)
+                .map_err(|_| ConfigError::Invalid {
+                    key: "metrics.listen".into(),
+                    value: listen.into(),
+                    accepted:
+                        "an address such as \"127.0.0.1:9187\", or \"\" to disable the endpoint"
+                            .into(),
+                }),
         });
 
         let (
@@ -581,10 +586,18 @@ fn url_setting(key: &str, value: &str, schemes: &[&str]) -> Result<(String, Stri
         value: redact_url(value),
         accepted: why,
     };
-    let accepted = schemes.iter().map(|s| format!("{s}://…")).collect::<Vec<_>>().join(", ");
-    let parsed = url::Url::parse(value).map_err(|error| invalid(format!("a URL ({error}); accepted: {accepted}")))?;
+    let accepted = schemes
+        .iter()
+        .map(|s| format!("{s}://…"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let parsed = url::Url::parse(value)
+        .map_err(|error| invalid(format!("a URL ({error}); accepted: {accepted}")))?;
     if !schemes.contains(&parsed.scheme()) {
-        return Err(invalid(format!("scheme {:?} is not supported; accepted: {accepted}", parsed.scheme())));
+        return Err(invalid(format!(
+            "scheme {:?} is not supported; accepted: {accepted}",
+            parsed.scheme()
+        )));
     }
     Ok((value.to_owned(), redact_url(value)))
 }
@@ -642,6 +655,8 @@ mod tests {
     use super::*;
     use figment::Jail;
 
+    // figment's Jail closures return its (large) error type.
+    #[allow(clippy::result_large_err)]
     fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, String> {
         let mut result = Err(String::new());
         Jail::expect_with(|jail| {
@@ -653,7 +668,11 @@ mod tests {
                 .map_err(|error| error.to_string())
                 .and_then(|settings| {
                     settings.validate().map_err(|errors| {
-                        errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+                        errors
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join("\n")
                     })
                 });
             Ok(())
@@ -676,13 +695,19 @@ mod tests {
     fn unknown_retry_strategy_is_rejected_with_its_key() {
         let error = load("[relay]\nretry_strategy = \"linear\"", &[]).unwrap_err();
         assert!(error.contains("relay.retry_strategy"), "{error}");
-        assert!(error.contains("linear") && error.contains("exponential"), "{error}");
+        assert!(
+            error.contains("linear") && error.contains("exponential"),
+            "{error}"
+        );
     }
 
     #[test]
     fn bad_duration_is_rejected_with_its_key() {
         let error = load("[relay]\npoll_interval = \"soon\"", &[]).unwrap_err();
-        assert!(error.contains("relay.poll_interval") && error.contains("soon"), "{error}");
+        assert!(
+            error.contains("relay.poll_interval") && error.contains("soon"),
+            "{error}"
+        );
         assert!(error.contains("250ms"), "says what is accepted: {error}");
     }
 
@@ -690,20 +715,29 @@ mod tests {
     fn unknown_key_in_the_file_is_rejected() {
         let error = load("[relay]\nbatchsize = 5", &[]).unwrap_err();
         assert!(error.contains("relay.batchsize"), "{error}");
-        assert!(error.contains("batch_size"), "lists the accepted keys: {error}");
+        assert!(
+            error.contains("batch_size"),
+            "lists the accepted keys: {error}"
+        );
     }
 
     #[test]
     fn unknown_key_in_the_environment_is_rejected() {
         let error = load("", &[("OUTBOX_RELAY__RELAY__POLL", "1s")]).unwrap_err();
         assert!(error.contains("relay.poll"), "{error}");
-        assert!(error.contains("OUTBOX_RELAY__RELAY__POLL"), "names the variable: {error}");
+        assert!(
+            error.contains("OUTBOX_RELAY__RELAY__POLL"),
+            "names the variable: {error}"
+        );
     }
 
     #[test]
     fn unknown_ordering_is_rejected() {
         let error = load("[relay]\nordering = \"global\"", &[]).unwrap_err();
-        assert!(error.contains("relay.ordering") && error.contains("per_room"), "{error}");
+        assert!(
+            error.contains("relay.ordering") && error.contains("per_room"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -717,7 +751,11 @@ mod tests {
         assert_eq!(config.relay.batch_size, 100);
         assert_eq!(config.relay.publish_timeout, Duration::from_secs(3));
         let warnings = config.warnings.join("\n");
-        for key in ["relay.poll_interval", "relay.batch_size", "relay.publish_timeout"] {
+        for key in [
+            "relay.poll_interval",
+            "relay.batch_size",
+            "relay.publish_timeout",
+        ] {
             assert!(warnings.contains(key), "{warnings}");
         }
     }
@@ -744,7 +782,10 @@ mod tests {
         )
         .unwrap();
         let effective = toml::to_string(&config.effective).unwrap();
-        assert!(!effective.contains("s3cret") && !effective.contains("hunter2"), "{effective}");
+        assert!(
+            !effective.contains("s3cret") && !effective.contains("hunter2"),
+            "{effective}"
+        );
         assert!(effective.contains("relay:***@db"), "{effective}");
         let error = load("[database]\nurl = \"oracle://u:s3cret@db/x\"", &[]).unwrap_err();
         assert!(!error.contains("s3cret"), "{error}");
@@ -754,6 +795,9 @@ mod tests {
     #[test]
     fn bad_routing_key_template_is_rejected() {
         let error = load("[amqp]\nrouting_key = \"{tenant}.x\"", &[]).unwrap_err();
-        assert!(error.contains("amqp.routing_key") && error.contains("{tenant}"), "{error}");
+        assert!(
+            error.contains("amqp.routing_key") && error.contains("{tenant}"),
+            "{error}"
+        );
     }
 }

@@ -15,7 +15,12 @@ pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<SeaOrm
     let database = &config.database;
     let db = outbox_store::connect(&database.url, database.max_connections)
         .await
-        .with_context(|| format!("cannot connect to the database at {}", database.redacted_url))?;
+        .with_context(|| {
+            format!(
+                "cannot connect to the database at {}",
+                database.redacted_url
+            )
+        })?;
     if migrate {
         let applied = outbox_store::migrate(&db, &database.table)
             .await
@@ -33,7 +38,11 @@ pub async fn open_broker(config: &Config) -> anyhow::Result<Broker> {
 }
 
 /// Opens one confirm channel per publisher and starts the relay's actors.
-pub async fn start_relay(config: &Config, store: &SeaOrmStore, broker: &Broker) -> anyhow::Result<Relay> {
+pub async fn start_relay(
+    config: &Config,
+    store: &SeaOrmStore,
+    broker: &Broker,
+) -> anyhow::Result<Relay> {
     let mut ports: Vec<Arc<dyn EventPublisher>> = Vec::with_capacity(config.relay.publishers);
     for _ in 0..config.relay.publishers {
         ports.push(Arc::new(broker.publisher().await?));

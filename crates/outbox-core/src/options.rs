@@ -113,7 +113,11 @@ impl RelayOptions {
                 *value = default;
             }
         };
-        duration("poll_interval", &mut self.poll_interval, DEFAULT_POLL_INTERVAL);
+        duration(
+            "poll_interval",
+            &mut self.poll_interval,
+            DEFAULT_POLL_INTERVAL,
+        );
         duration(
             "publish_timeout",
             &mut self.publish_timeout,
@@ -194,7 +198,10 @@ mod tests {
         assert_eq!(options.retry.interval, DEFAULT_POLL_INTERVAL);
         let warnings = normalised.warnings.join("\n");
         for key in ["poll_interval", "batch_size", "publish_timeout"] {
-            assert!(warnings.contains(&format!("relay.{key} is zero")), "{warnings}");
+            assert!(
+                warnings.contains(&format!("relay.{key} is zero")),
+                "{warnings}"
+            );
         }
     }
 

@@ -134,8 +134,14 @@ mod tests {
     #[test]
     fn max_attempts_turns_the_event_dead() {
         let policy = policy(RetryStrategy::FixedInterval, 3);
-        assert!(matches!(policy.decide(0, false), FailureDecision::Retry { .. }));
-        assert!(matches!(policy.decide(1, false), FailureDecision::Retry { .. }));
+        assert!(matches!(
+            policy.decide(0, false),
+            FailureDecision::Retry { .. }
+        ));
+        assert!(matches!(
+            policy.decide(1, false),
+            FailureDecision::Retry { .. }
+        ));
         assert_eq!(policy.decide(2, false), FailureDecision::Dead);
     }
 

@@ -188,7 +188,10 @@ mod tests {
     fn overlong_keys_are_an_error() {
         let template = RoutingKeyTemplate::parse("{room_id}").unwrap();
         let error = template.render("t", &"r".repeat(300)).unwrap_err();
-        assert!(matches!(error, RoutingError::KeyTooLong { length: 300, .. }));
+        assert!(matches!(
+            error,
+            RoutingError::KeyTooLong { length: 300, .. }
+        ));
     }
 
     #[test]

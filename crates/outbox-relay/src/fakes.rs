@@ -33,7 +33,10 @@ pub fn record(id: i64, room: &str) -> OutboxRecord {
 pub async fn eventually(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
     let until = tokio::time::Instant::now() + deadline;
     while !condition() {
-        assert!(tokio::time::Instant::now() < until, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
@@ -71,7 +74,10 @@ impl FakePublisher {
 
     /// Waits until `count` publishes were attempted.
     pub async fn wait_for_attempts(&self, count: usize, deadline: Duration) {
-        eventually("publish attempts", deadline, || self.attempted.lock().unwrap().len() >= count).await;
+        eventually("publish attempts", deadline, || {
+            self.attempted.lock().unwrap().len() >= count
+        })
+        .await;
     }
 
     /// Acks every held confirm.
@@ -195,7 +201,10 @@ impl<M: Message<Result = ()> + Unpin + 'static> Handler<M> for Collector<M> {
 impl<M: Clone> Seen<M> {
     /// Waits until at least `count` messages arrived; returns them.
     pub async fn wait_for(&self, count: usize, deadline: Duration) -> Vec<M> {
-        eventually("collected messages", deadline, || self.seen.lock().unwrap().len() >= count).await;
+        eventually("collected messages", deadline, || {
+            self.seen.lock().unwrap().len() >= count
+        })
+        .await;
         self.seen.lock().unwrap().clone()
     }
 }

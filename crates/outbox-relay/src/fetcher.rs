@@ -1,6 +1,6 @@
 //! [`Fetcher`]: claims batches and hands each record to its room's publisher.
 
-use crate::publisher::Publish;
+use crate::publisher::{Publish, Unhold};
 use crate::scheduler::Wake;
 use actix::prelude::*;
 use outbox_core::{ClaimRequest, OutboxStore};
@@ -22,11 +22,36 @@ pub struct TickReport {
 }
 
 /// Rows whose outcomes the Marker has written: capacity for new claims.
-#[derive(Message, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
 #[rtype(result = "()")]
 pub struct Marked {
     /// How many rows.
     pub count: usize,
+    /// Per room, how many of them were failures or releases (which hold their room back
+    /// in its Publisher until written).
+    pub unheld: Vec<(String, usize)>,
+}
+
+/// The two messages the Fetcher sends one publisher of the pool.
+#[derive(Clone)]
+pub struct PublisherHandle {
+    /// Records to publish.
+    pub publish: Recipient<Publish>,
+    /// Written failures and releases of a held room.
+    pub unhold: Recipient<Unhold>,
+}
+
+impl<A> From<Addr<A>> for PublisherHandle
+where
+    A: Actor + Handler<Publish> + Handler<Unhold>,
+    A::Context: actix::dev::ToEnvelope<A, Publish> + actix::dev::ToEnvelope<A, Unhold>,
+{
+    fn from(addr: Addr<A>) -> Self {
+        Self {
+            publish: addr.clone().recipient(),
+            unhold: addr.recipient(),
+        }
+    }
 }
 
 /// Claim nothing more; answered once any claim under way has been dispatched.
@@ -42,7 +67,7 @@ pub struct Fetcher {
     /// The outbox table.
     store: Arc<dyn OutboxStore>,
     /// The publisher pool, indexed by room hash.
-    publishers: Vec<Recipient<Publish>>,
+    publishers: Vec<PublisherHandle>,
     /// Told whenever outcomes are written: capacity is free, and rows held back behind
     /// them (same room) may be claimable now.
     scheduler: Recipient<Wake>,
@@ -61,12 +86,15 @@ impl Fetcher {
     /// unresolved rows.
     pub fn new(
         store: Arc<dyn OutboxStore>,
-        publishers: Vec<Recipient<Publish>>,
+        publishers: Vec<PublisherHandle>,
         scheduler: Recipient<Wake>,
         request: ClaimRequest,
         max_in_flight: usize,
     ) -> Self {
-        assert!(!publishers.is_empty(), "the relay needs at least one publisher");
+        assert!(
+            !publishers.is_empty(),
+            "the relay needs at least one publisher"
+        );
         Self {
             store,
             publishers,
@@ -108,21 +136,22 @@ impl Handler<Tick> for Fetcher {
         let store = Arc::clone(&self.store);
         AtomicResponse::new(Box::pin(
             async move {
+                let started = std::time::Instant::now();
                 let claimed = store.claim(&request).await;
-                (request.limit, claimed)
+                (request.limit, claimed, started.elapsed())
             }
             .into_actor(self)
-            .map(|(limit, claimed), fetcher, _| match claimed {
+            .map(|(limit, claimed, took), fetcher, _| match claimed {
                 Ok(records) => {
                     let claimed = records.len();
                     fetcher.in_flight += claimed;
                     let pool = fetcher.publishers.len();
                     for record in records {
                         let index = publisher_for(&record.room_id, pool);
-                        fetcher.publishers[index].do_send(Publish(record));
+                        fetcher.publishers[index].publish.do_send(Publish(record));
                     }
                     if claimed > 0 {
-                        debug!(claimed, in_flight = fetcher.in_flight, "claimed");
+                        debug!(claimed, in_flight = fetcher.in_flight, ?took, "claimed");
                     }
                     TickReport {
                         claimed,
@@ -144,6 +173,16 @@ impl Handler<Marked> for Fetcher {
 
     fn handle(&mut self, marked: Marked, _: &mut Self::Context) {
         self.in_flight = self.in_flight.saturating_sub(marked.count);
+        // Forwarded from here, not sent by the Marker directly: Tick is atomic, so no claim
+        // is under way now, and every row claimed before this commit has already been sent
+        // to its publisher ahead of this Unhold. A claim that starts later sees the commit.
+        let pool = self.publishers.len();
+        for (room_id, count) in marked.unheld {
+            let index = publisher_for(&room_id, pool);
+            self.publishers[index]
+                .unhold
+                .do_send(Unhold { room_id, count });
+        }
         // Claim again now rather than at the next poll: under `per_room` the rows behind
         // the ones just marked only became claimable with this commit. Outcomes arrive
         // only for claimed rows, so this cannot loop on an idle table.

@@ -22,9 +22,9 @@ pub mod publisher;
 pub mod relay;
 pub mod scheduler;
 
-pub use fetcher::{Fetcher, Marked, StopClaiming, Tick, TickReport};
+pub use fetcher::{Fetcher, Marked, PublisherHandle, StopClaiming, Tick, TickReport};
 pub use marker::{Marker, Outcome};
-pub use publisher::{Drain, Publish, Publisher};
+pub use publisher::{Drain, Publish, Publisher, Unhold};
 pub use relay::{Relay, ShutdownError};
 pub use scheduler::{Scheduler, Wake};
 

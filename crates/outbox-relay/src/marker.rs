@@ -77,7 +77,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 impl Marker {
     /// A marker writing to `store` and reporting commits to `fetcher`.
-    pub fn new(store: Arc<dyn OutboxStore>, fetcher: Recipient<Marked>, options: MarkerOptions) -> Self {
+    pub fn new(
+        store: Arc<dyn OutboxStore>,
+        fetcher: Recipient<Marked>,
+        options: MarkerOptions,
+    ) -> Self {
         Self {
             store,
             fetcher,
@@ -111,10 +115,17 @@ impl Marker {
                         id: record.id,
                         error: error.clone(),
                     };
-                    match self.options.retry.decide(record.retry_count, failure.is_permanent()) {
+                    match self
+                        .options
+                        .retry
+                        .decide(record.retry_count, failure.is_permanent())
+                    {
                         FailureDecision::Retry { delay } => {
-                            let delay = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
-                            batch.retried.push((row, now.checked_add_signed(delay).unwrap_or(now)));
+                            let delay =
+                                chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+                            batch
+                                .retried
+                                .push((row, now.checked_add_signed(delay).unwrap_or(now)));
                             ("pending", Some(error))
                         }
                         FailureDecision::Dead => {
@@ -124,7 +135,11 @@ impl Marker {
                     }
                 }
             };
-            decided.push(Decided { record, status, error });
+            decided.push(Decided {
+                record,
+                status,
+                error,
+            });
         }
         (batch, decided)
     }
@@ -159,43 +174,58 @@ impl Marker {
 
     /// Writes the batch in `flushing`; on failure, keeps it and tries again later.
     fn write(&mut self, ctx: &mut Context<Self>) {
-        let Some((batch, _)) = &self.flushing else { return };
+        let Some((batch, _)) = &self.flushing else {
+            return;
+        };
         let batch = Arc::clone(batch);
         let store = Arc::clone(&self.store);
         let node_id = self.options.node_id.clone();
-        async move { store.mark(&node_id, &batch).await }
-            .into_actor(self)
-            .map(|result, marker, ctx| match result {
-                Ok(()) => {
-                    marker.backoff = FIRST_BACKOFF;
-                    if let Some((_, decided)) = marker.flushing.take() {
-                        marker.log_committed(&decided);
-                        marker.fetcher.do_send(Marked { count: decided.len() });
-                    }
-                    marker.flush(ctx);
+        async move {
+            let started = std::time::Instant::now();
+            let result = store.mark(&node_id, &batch).await;
+            debug!(rows = batch.len(), took = ?started.elapsed(), "outcomes written");
+            result
+        }
+        .into_actor(self)
+        .map(|result, marker, ctx| match result {
+            Ok(()) => {
+                marker.backoff = FIRST_BACKOFF;
+                if let Some((_, decided)) = marker.flushing.take() {
+                    marker.log_committed(&decided);
+                    marker.fetcher.do_send(Marked {
+                        count: decided.len(),
+                        unheld: unheld_rooms(&decided),
+                    });
                 }
-                Err(error) => {
-                    let rows = marker.flushing.as_ref().map_or(0, |(batch, _)| batch.len());
-                    warn!(
-                        worker = %marker.options.worker,
-                        node_id = %marker.options.node_id,
-                        status = "batch_failed",
-                        rows,
-                        retry_in = ?marker.backoff,
-                        %error,
-                        "writing outcomes failed; keeping them and retrying"
-                    );
-                    ctx.run_later(marker.backoff, |marker, ctx| marker.write(ctx));
-                    marker.backoff = (marker.backoff * 2).min(MAX_BACKOFF);
-                }
-            })
-            .spawn(ctx);
+                marker.flush(ctx);
+            }
+            Err(error) => {
+                let rows = marker.flushing.as_ref().map_or(0, |(batch, _)| batch.len());
+                warn!(
+                    worker = %marker.options.worker,
+                    node_id = %marker.options.node_id,
+                    status = "batch_failed",
+                    rows,
+                    retry_in = ?marker.backoff,
+                    %error,
+                    "writing outcomes failed; keeping them and retrying"
+                );
+                ctx.run_later(marker.backoff, |marker, ctx| marker.write(ctx));
+                marker.backoff = (marker.backoff * 2).min(MAX_BACKOFF);
+            }
+        })
+        .spawn(ctx);
     }
 
     fn log_committed(&self, decided: &[Decided]) {
         let worker = self.options.worker.as_str();
         let node_id = self.options.node_id.as_str();
-        for Decided { record, status, error } in decided {
+        for Decided {
+            record,
+            status,
+            error,
+        } in decided
+        {
             let error = error.as_deref().unwrap_or("");
             macro_rules! outcome {
                 ($level:ident, $status:expr, $retry_count:expr, $message:literal) => {
@@ -214,12 +244,27 @@ impl Marker {
             }
             match *status {
                 "published" => outcome!(debug, "published", record.retry_count, "event published"),
-                "pending" => outcome!(warn, "pending", record.retry_count + 1, "publish failed; will retry"),
-                "dead" => outcome!(error, "dead", record.retry_count + 1, "publish failed; event is dead"),
+                "pending" => outcome!(
+                    warn,
+                    "pending",
+                    record.retry_count + 1,
+                    "publish failed; will retry"
+                ),
+                "dead" => outcome!(
+                    error,
+                    "dead",
+                    record.retry_count + 1,
+                    "publish failed; event is dead"
+                ),
                 _ if !self.drained.is_empty() => {
                     outcome!(info, "stopped", record.retry_count, "released on shutdown")
                 }
-                _ => outcome!(debug, "released", record.retry_count, "held back behind its room"),
+                _ => outcome!(
+                    debug,
+                    "released",
+                    record.retry_count,
+                    "held back behind its room"
+                ),
             }
         }
     }
@@ -232,6 +277,22 @@ impl Marker {
             ctx.stop();
         }
     }
+}
+
+/// Per room, the committed outcomes that held it back in its Publisher: everything but
+/// `published`.
+fn unheld_rooms(decided: &[Decided]) -> Vec<(String, usize)> {
+    let mut rooms: Vec<(String, usize)> = Vec::new();
+    for Decided { record, status, .. } in decided {
+        if *status == "published" {
+            continue;
+        }
+        match rooms.iter_mut().find(|(room, _)| *room == record.room_id) {
+            Some((_, count)) => *count += 1,
+            None => rooms.push((record.room_id.clone(), 1)),
+        }
+    }
+    rooms
 }
 
 impl Actor for Marker {
@@ -317,14 +378,24 @@ mod tests {
         marker.do_send(published(1));
         marker.do_send(published(2));
         marker.do_send(failed(3, 0));
-        eventually("a committed batch", DEADLINE, || !store.committed().is_empty()).await;
+        eventually("a committed batch", DEADLINE, || {
+            !store.committed().is_empty()
+        })
+        .await;
         let batches = store.committed();
         assert_eq!(batches.len(), 1);
         assert_eq!(batches[0].published, vec![1, 2]);
         assert_eq!(batches[0].retried.len(), 1);
-        assert!(batches[0].retried[0].0.error.contains("no confirm"), "{:?}", batches[0].retried);
+        assert!(
+            batches[0].retried[0].0.error.contains("no confirm"),
+            "{:?}",
+            batches[0].retried
+        );
         let marked = marked.wait_for(1, DEADLINE).await;
-        assert_eq!(marked[0].count, 3, "capacity for three rows goes back to the fetcher");
+        assert_eq!(
+            marked[0].count, 3,
+            "capacity for three rows goes back to the fetcher"
+        );
     }
 
     #[actix_rt::test]
@@ -350,9 +421,15 @@ mod tests {
         let marker = Marker::new(store.clone(), fetcher.recipient(), options(2, 3)).start();
         marker.do_send(failed(1, 1));
         marker.do_send(failed(2, 2));
-        eventually("a committed batch", DEADLINE, || !store.committed().is_empty()).await;
+        eventually("a committed batch", DEADLINE, || {
+            !store.committed().is_empty()
+        })
+        .await;
         let batch = &store.committed()[0];
-        assert_eq!(batch.retried.iter().map(|(f, _)| f.id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            batch.retried.iter().map(|(f, _)| f.id).collect::<Vec<_>>(),
+            vec![1]
+        );
         assert_eq!(batch.dead.iter().map(|f| f.id).collect::<Vec<_>>(), vec![2]);
     }
 
@@ -366,7 +443,10 @@ mod tests {
             record: record(2, "c"),
             kind: OutcomeKind::Released,
         });
-        assert!(store.committed().is_empty(), "below the batch size nothing is written yet");
+        assert!(
+            store.committed().is_empty(),
+            "below the batch size nothing is written yet"
+        );
         marker.send(Drain).await.expect("drain answered");
         let batches = store.committed();
         assert_eq!(batches.len(), 1);

@@ -12,6 +12,17 @@ use tokio::sync::oneshot;
 #[rtype(result = "()")]
 pub struct Publish(pub OutboxRecord);
 
+/// `count` failures or releases of `room_id` are written: the room's hold shrinks by that
+/// much (from the Fetcher, which forwards the Marker's [`crate::Marked`]).
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct Unhold {
+    /// The room.
+    pub room_id: String,
+    /// Outcomes of the room now written.
+    pub count: usize,
+}
+
 /// Finish what is in flight, release what has not started, then stop. Answered when done.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
@@ -21,6 +32,12 @@ pub struct Drain;
 /// port) and keeps many publishes in flight. Under `per_room` ordering a room has at most
 /// one unconfirmed message: later records of the room wait in its queue, and when a
 /// publish fails they are released, not published, so the room stays in order.
+///
+/// A room whose failure or releases are not yet written stays *held*: records of it that
+/// arrive meanwhile (claimed before the write) are released too. Until the write, the
+/// database still shows the released rows leased to this node, and the claim lets a node
+/// go deeper into rooms it holds; releasing the newcomers keeps them from overtaking the
+/// released rows. [`Unhold`] reports the written outcomes.
 pub struct Publisher {
     /// The confirm channel.
     port: Arc<dyn EventPublisher>,
@@ -30,6 +47,8 @@ pub struct Publisher {
     ordering: Ordering,
     /// Under `per_room`: rooms with a publish in flight, and their waiting records.
     rooms: HashMap<String, VecDeque<OutboxRecord>>,
+    /// Under `per_room`: rooms held back, with their failures and releases not yet written.
+    held: HashMap<String, usize>,
     /// Publishes awaiting their confirm.
     in_flight: usize,
     /// Set by [`Drain`]: answered once `in_flight` reaches zero.
@@ -40,19 +59,27 @@ pub struct Publisher {
 
 impl Publisher {
     /// A publisher on `port`, reporting to `marker`.
-    pub fn new(port: Arc<dyn EventPublisher>, marker: Recipient<Outcome>, ordering: Ordering) -> Self {
+    pub fn new(
+        port: Arc<dyn EventPublisher>,
+        marker: Recipient<Outcome>,
+        ordering: Ordering,
+    ) -> Self {
         Self {
             port,
             marker,
             ordering,
             rooms: HashMap::new(),
+            held: HashMap::new(),
             in_flight: 0,
             drained: Vec::new(),
             draining: false,
         }
     }
 
-    fn report(&self, record: OutboxRecord, kind: OutcomeKind) {
+    fn report(&mut self, record: OutboxRecord, kind: OutcomeKind) {
+        if self.ordering == Ordering::PerRoom && kind != OutcomeKind::Published {
+            *self.held.entry(record.room_id.clone()).or_default() += 1;
+        }
         self.marker.do_send(Outcome { record, kind });
     }
 
@@ -133,7 +160,7 @@ impl Handler<Publish> for Publisher {
     type Result = ();
 
     fn handle(&mut self, Publish(record): Publish, ctx: &mut Self::Context) {
-        if self.draining {
+        if self.draining || self.held.contains_key(&record.room_id) {
             self.report(record, OutcomeKind::Released);
             return;
         }
@@ -148,12 +175,29 @@ impl Handler<Publish> for Publisher {
     }
 }
 
+impl Handler<Unhold> for Publisher {
+    type Result = ();
+
+    fn handle(&mut self, Unhold { room_id, count }: Unhold, _: &mut Self::Context) {
+        if let Some(held) = self.held.get_mut(&room_id) {
+            *held = held.saturating_sub(count);
+            if *held == 0 {
+                self.held.remove(&room_id);
+            }
+        }
+    }
+}
+
 impl Handler<Drain> for Publisher {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, _: Drain, ctx: &mut Self::Context) -> Self::Result {
         self.draining = true;
-        let waiting: Vec<OutboxRecord> = self.rooms.values_mut().flat_map(|queue| queue.drain(..)).collect();
+        let waiting: Vec<OutboxRecord> = self
+            .rooms
+            .values_mut()
+            .flat_map(|queue| queue.drain(..))
+            .collect();
         for record in waiting {
             self.report(record, OutcomeKind::Released);
         }
@@ -191,7 +235,47 @@ mod tests {
         assert_eq!(seen.kind_of("a3"), "released");
         assert_eq!(seen.kind_of("b4"), "published");
         assert_eq!(seen.kind_of("b5"), "published");
-        assert_eq!(port.attempted(), vec!["a1", "b4", "b5"], "held-back events never reach the broker");
+        assert_eq!(
+            port.attempted(),
+            vec!["a1", "b4", "b5"],
+            "held-back events never reach the broker"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn a_failed_room_stays_held_until_its_outcomes_are_written() {
+        let port = FakePublisher::failing(&["a1"]);
+        let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
+        publisher.do_send(Publish(record(1, "a")));
+        publisher.do_send(Publish(record(2, "a")));
+        outcomes.wait_for(2, Duration::from_secs(5)).await;
+        // Claimed before the failure was written: must not overtake a2.
+        publisher.do_send(Publish(record(3, "a")));
+        let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
+        assert_eq!(seen.kind_of("a3"), "released");
+        publisher.do_send(Unhold {
+            room_id: "a".into(),
+            count: 2,
+        });
+        publisher.do_send(Publish(record(4, "a")));
+        let seen = outcomes.wait_for(4, Duration::from_secs(5)).await;
+        assert_eq!(
+            seen.kind_of("a4"),
+            "released",
+            "a3's release is not written yet"
+        );
+        publisher.do_send(Unhold {
+            room_id: "a".into(),
+            count: 2,
+        });
+        publisher.do_send(Publish(record(5, "a")));
+        let seen = outcomes.wait_for(5, Duration::from_secs(5)).await;
+        assert_eq!(
+            seen.kind_of("a5"),
+            "published",
+            "everything written: the room moves on"
+        );
+        assert_eq!(port.attempted(), vec!["a1", "a5"]);
     }
 
     #[actix_rt::test]
@@ -202,10 +286,18 @@ mod tests {
             publisher.do_send(Publish(record(id, room)));
         }
         port.wait_for_attempts(2, Duration::from_secs(5)).await;
-        assert_eq!(port.attempted(), vec!["a1", "b3"], "a2 waits for a1's confirm");
+        assert_eq!(
+            port.attempted(),
+            vec!["a1", "b3"],
+            "a2 waits for a1's confirm"
+        );
         port.confirm_all();
         port.wait_for_attempts(3, Duration::from_secs(5)).await;
-        assert_eq!(port.attempted(), vec!["a1", "b3", "a2"], "a2 goes once a1 is confirmed");
+        assert_eq!(
+            port.attempted(),
+            vec!["a1", "b3", "a2"],
+            "a2 goes once a1 is confirmed"
+        );
         port.confirm_all();
         let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
         assert_eq!(seen.ids_with("published").len(), 3);
@@ -234,11 +326,18 @@ mod tests {
         port.wait_for_attempts(2, Duration::from_secs(5)).await;
         let drained = publisher.send(Drain);
         let seen = outcomes.wait_for(1, Duration::from_secs(5)).await;
-        assert_eq!(seen.kind_of("a2"), "released", "not started, so given back at once");
+        assert_eq!(
+            seen.kind_of("a2"),
+            "released",
+            "not started, so given back at once"
+        );
         port.confirm_all();
         drained.await.expect("drain answered");
         let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
         assert_eq!(seen.ids_with("published"), vec!["a1", "b3"]);
-        eventually("the publisher to stop", Duration::from_secs(5), || !publisher.connected()).await;
+        eventually("the publisher to stop", Duration::from_secs(5), || {
+            !publisher.connected()
+        })
+        .await;
     }
 }

@@ -1,6 +1,6 @@
 //! [`Relay`]: starts the actors, wired as DESIGN §3 draws them, and stops them in order.
 
-use crate::fetcher::{Fetcher, StopClaiming};
+use crate::fetcher::{Fetcher, PublisherHandle, StopClaiming};
 use crate::marker::{Marker, MarkerOptions};
 use crate::publisher::{Drain, Publisher};
 use crate::scheduler::{Scheduler, StopTicking};
@@ -40,7 +40,10 @@ impl Relay {
         ports: Vec<Arc<dyn EventPublisher>>,
         options: RelayOptions,
     ) -> Result<Self, StoreError> {
-        assert!(!ports.is_empty(), "the relay needs at least one publisher port");
+        assert!(
+            !ports.is_empty(),
+            "the relay needs at least one publisher port"
+        );
         let released = store.release_node(&options.node_id).await?;
         if released > 0 {
             info!(released, node_id = %options.node_id, "released leases left by an earlier run of this node");
@@ -63,11 +66,22 @@ impl Relay {
         .start();
         let publishers: Vec<Addr<Publisher>> = ports
             .iter()
-            .map(|port| Publisher::new(Arc::clone(port), marker.clone().recipient(), options.ordering).start())
+            .map(|port| {
+                Publisher::new(
+                    Arc::clone(port),
+                    marker.clone().recipient(),
+                    options.ordering,
+                )
+                .start()
+            })
             .collect();
         let fetcher = fetcher_ctx.run(Fetcher::new(
             Arc::clone(&store),
-            publishers.iter().map(|p| p.clone().recipient()).collect(),
+            publishers
+                .iter()
+                .cloned()
+                .map(PublisherHandle::from)
+                .collect(),
             scheduler_ctx.address().recipient(),
             ClaimRequest {
                 node_id: options.node_id.clone(),
@@ -78,7 +92,10 @@ impl Relay {
             // One batch in flight while the next is claimed.
             options.batch_size * 2,
         ));
-        let scheduler = scheduler_ctx.run(Scheduler::new(fetcher.clone().recipient(), options.poll_interval));
+        let scheduler = scheduler_ctx.run(Scheduler::new(
+            fetcher.clone().recipient(),
+            options.poll_interval,
+        ));
         info!(
             worker = %options.name,
             node_id = %options.node_id,
@@ -127,7 +144,10 @@ impl Relay {
         let _ = self.marker.send(Drain).await;
         match self.store.release_node(&self.options.node_id).await {
             Ok(0) => {}
-            Ok(released) => warn!(released, "leases still held after the last flush were released"),
+            Ok(released) => warn!(
+                released,
+                "leases still held after the last flush were released"
+            ),
             Err(error) => warn!(%error, "could not release leases; they will expire on their own"),
         }
         info!(worker = %self.options.name, node_id = %self.options.node_id, "relay stopped");

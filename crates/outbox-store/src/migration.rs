@@ -44,9 +44,8 @@ fn create_table(backend: DbBackend, t: &str) -> Vec<String> {
             format!("CREATE INDEX IF NOT EXISTS {t}_pending_idx ON {t} (id) WHERE status = 'pending'"),
             format!("CREATE INDEX IF NOT EXISTS {t}_room_idx ON {t} (room_id, id)"),
             format!("CREATE INDEX IF NOT EXISTS {t}_retention_idx ON {t} (status, published_at)"),
-            // Not in the contract list: they keep per-room claims cheap (see store.rs).
+            // Not in the contract list: keeps per-room claims cheap (see store.rs).
             format!("CREATE INDEX IF NOT EXISTS {t}_pending_room_idx ON {t} (room_id, id) WHERE status = 'pending'"),
-            format!("CREATE INDEX IF NOT EXISTS {t}_locked_idx ON {t} (room_id) WHERE locked_by IS NOT NULL"),
         ],
         DbBackend::Sqlite => {
             let now = "(strftime('%Y-%m-%d %H:%M:%f', 'now'))";
@@ -71,12 +70,8 @@ fn create_table(backend: DbBackend, t: &str) -> Vec<String> {
                 format!("CREATE INDEX IF NOT EXISTS {t}_pending_idx ON {t} (id) WHERE status = 'pending'"),
                 format!("CREATE INDEX IF NOT EXISTS {t}_room_idx ON {t} (room_id, id)"),
                 format!("CREATE INDEX IF NOT EXISTS {t}_retention_idx ON {t} (status, published_at)"),
-                // Not in the contract list: they keep per-room claims cheap (see store.rs).
+                // Not in the contract list: keeps per-room claims cheap (see store.rs).
                 format!("CREATE INDEX IF NOT EXISTS {t}_pending_room_idx ON {t} (room_id, id) WHERE status = 'pending'"),
-                format!("CREATE INDEX IF NOT EXISTS {t}_locked_idx ON {t} (room_id) WHERE locked_by IS NOT NULL"),
-            // Not in the contract list: they keep per-room claims cheap (see store.rs).
-            format!("CREATE INDEX IF NOT EXISTS {t}_pending_room_idx ON {t} (room_id, id) WHERE status = 'pending'"),
-            format!("CREATE INDEX IF NOT EXISTS {t}_locked_idx ON {t} (room_id) WHERE locked_by IS NOT NULL"),
             ]
         }
         // TIMESTAMP(6) is stored in UTC whatever a producer's session time zone is.
@@ -99,8 +94,7 @@ fn create_table(backend: DbBackend, t: &str) -> Vec<String> {
                 INDEX {t}_pending_idx (status, id),
                 INDEX {t}_room_idx (room_id, id),
                 INDEX {t}_retention_idx (status, published_at),
-                INDEX {t}_pending_room_idx (room_id, status, id),
-                INDEX {t}_locked_idx (locked_by, room_id)
+                INDEX {t}_pending_room_idx (room_id, status, id)
             ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
         )],
     }
@@ -108,7 +102,10 @@ fn create_table(backend: DbBackend, t: &str) -> Vec<String> {
 
 /// Creates or upgrades `table` and its indexes; returns the names of the migrations applied
 /// now (empty when the table was already current).
-pub async fn migrate(db: &DatabaseConnection, table: &TableName) -> Result<Vec<&'static str>, DbErr> {
+pub async fn migrate(
+    db: &DatabaseConnection,
+    table: &TableName,
+) -> Result<Vec<&'static str>, DbErr> {
     let backend = db.get_database_backend();
     let t = table.as_str();
     let applied_at = match backend {
@@ -127,7 +124,9 @@ pub async fn migrate(db: &DatabaseConnection, table: &TableName) -> Result<Vec<&
         let mut params = Params::new(backend);
         let name = params.bind(migration.name);
         let done = txn
-            .query_one(params.statement(format!("SELECT name FROM {t}_migrations WHERE name = {name}")))
+            .query_one(params.statement(format!(
+                "SELECT name FROM {t}_migrations WHERE name = {name}"
+            )))
             .await?
             .is_some();
         if !done {
@@ -136,8 +135,10 @@ pub async fn migrate(db: &DatabaseConnection, table: &TableName) -> Result<Vec<&
             }
             let mut params = Params::new(backend);
             let name = params.bind(migration.name);
-            txn.execute(params.statement(format!("INSERT INTO {t}_migrations (name) VALUES ({name})")))
-                .await?;
+            txn.execute(
+                params.statement(format!("INSERT INTO {t}_migrations (name) VALUES ({name})")),
+            )
+            .await?;
             applied.push(migration.name);
         }
         txn.commit().await?;

@@ -47,6 +47,9 @@ impl fmt::Display for TableName {
 }
 
 /// Collects bound values and hands out the matching placeholder for the backend.
+///
+/// SQLite and MySQL placeholders (`?`) are positional: bind values in the order their
+/// placeholders appear in the statement's text (the SQLite tests catch a slip).
 #[derive(Debug)]
 pub struct Params {
     backend: DbBackend,
@@ -116,7 +119,14 @@ mod tests {
     fn table_names_are_plain_identifiers() {
         assert!(TableName::parse("room_outbox").is_ok());
         assert!(TableName::parse("_outbox2").is_ok());
-        for bad in ["", "Room", "2outbox", "room-outbox", "x; drop table y", &"a".repeat(49)] {
+        for bad in [
+            "",
+            "Room",
+            "2outbox",
+            "room-outbox",
+            "x; drop table y",
+            &"a".repeat(49),
+        ] {
             assert!(TableName::parse(bad).is_err(), "{bad:?} accepted");
         }
     }

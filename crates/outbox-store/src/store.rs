@@ -62,8 +62,8 @@ impl SeaOrmStore {
         self.db.get_database_backend()
     }
 
-    /// The conditions that make row alias `c` publishable at placeholder `now`.
-    fn claimable(&self, params: &mut Params, now: DateTime<Utc>, ordering: Ordering) -> String {
+    /// The conditions that make row alias `c` publishable for `request.node_id` at `now`.
+    fn claimable(&self, params: &mut Params, now: DateTime<Utc>, request: &ClaimRequest) -> String {
         let backend = self.backend();
         let t = self.table.as_str();
         let at = |params: &mut Params| time_expr(backend, &params.bind_time(now));
@@ -74,29 +74,36 @@ impl SeaOrmStore {
             time_expr(backend, "c.locked_until"),
             at(params),
         );
-        if ordering == Ordering::PerRoom {
-            // Per-room order: no row is claimed while an earlier row of its room is
-            // unresolved. Two cheap checks make that hold:
-            // 1. rooms with a row under a valid lease (held by any node, this one included)
-            //    are skipped whole: the small set of locked rows is found through the
-            //    partial `_locked_idx`;
-            // 2. a row waiting out a backoff (or a producer's delay) blocks the later rows
-            //    of its room, found through the partial `_pending_room_idx`.
-            // Earlier rows that pass both checks are claimable themselves and have lower
-            // ids, so `ORDER BY id LIMIT n` takes them first: each claim takes a prefix of
-            // every free room's publishable rows, and a room's next rows are claimed only
-            // once every earlier row has an outcome.
-            sql.push_str(&format!(
-                " AND c.room_id NOT IN (SELECT l.room_id FROM {t} l WHERE l.locked_by IS NOT NULL \
-                 AND l.status = 'pending' AND {} >= {})",
-                time_expr(backend, "l.locked_until"),
-                at(params),
-            ));
+        if request.ordering == Ordering::PerRoom {
+            // Per-room order: no row is published while an earlier row of its room is
+            // unresolved. A row is claimable only while no earlier pending row of its room
+            // is waiting out a backoff (or a producer's delay) or leased to another node.
+            // Every earlier pending row is then either claimable itself — it has a lower
+            // id, so `ORDER BY id LIMIT n` takes it first, in this same claim — or already
+            // leased to this node, hence queued before it in the room's Publisher, which
+            // publishes a room in claim order, one confirm at a time, and holds the room
+            // back after a failure until the failure is written (see outbox-relay's
+            // Publisher). So a claim takes a prefix of each room this node may work on,
+            // and may go deeper into rooms the node already holds.
+            //
+            // The check probes the partial `_pending_room_idx` once per candidate: the
+            // earliest pending rows of a room come first, so a blocked room is found at
+            // once. On PostgreSQL `OFFSET 0` keeps the planner from turning the probe into
+            // an anti-join that scans every pending row (9 ms instead of 1 ms at 10,000
+            // pending rows).
+            let fence = if backend == DbBackend::Postgres {
+                " OFFSET 0"
+            } else {
+                ""
+            };
+            // `?` placeholders are positional: bind in the order they appear.
+            let waiting = format!("{} > {}", time_expr(backend, "e.available_at"), at(params));
+            let leased = format!("{} >= {}", time_expr(backend, "e.locked_until"), at(params));
+            let node = params.bind(request.node_id.as_str());
             sql.push_str(&format!(
                 " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.room_id = c.room_id \
-                 AND e.status = 'pending' AND e.id < c.id AND {} > {})",
-                time_expr(backend, "e.available_at"),
-                at(params),
+                 AND e.status = 'pending' AND e.id < c.id \
+                 AND ({waiting} OR ({leased} AND e.locked_by <> {node})){fence})"
             ));
         }
         sql
@@ -109,7 +116,7 @@ impl SeaOrmStore {
         let mut params = Params::new(backend);
         let node = params.bind(request.node_id.as_str());
         let until = params.bind_time(now + lease(request));
-        let claimable = self.claimable(&mut params, now, request.ordering);
+        let claimable = self.claimable(&mut params, now, request);
         let limit = params.bind(limit(request));
         // PostgreSQL skips rows another claimer holds; SQLite runs the single statement
         // under its database write lock, which serialises claims.
@@ -135,7 +142,7 @@ impl SeaOrmStore {
         let now = Utc::now();
         let txn = self.db.begin().await?;
         let mut params = Params::new(DbBackend::MySql);
-        let claimable = self.claimable(&mut params, now, request.ordering);
+        let claimable = self.claimable(&mut params, now, request);
         let limit = params.bind(limit(request));
         let sql = format!(
             "SELECT {COLUMNS} FROM {t} c WHERE {claimable} ORDER BY c.id LIMIT {limit} FOR UPDATE SKIP LOCKED"
@@ -149,7 +156,9 @@ impl SeaOrmStore {
             let node = params.bind(request.node_id.as_str());
             let until = params.bind_time(now + lease(request));
             let ids = params.bind_ids(&ids);
-            let sql = format!("UPDATE {t} SET locked_by = {node}, locked_until = {until} WHERE id IN ({ids})");
+            let sql = format!(
+                "UPDATE {t} SET locked_by = {node}, locked_until = {until} WHERE id IN ({ids})"
+            );
             txn.execute(params.statement(sql)).await?;
         }
         txn.commit().await?;
@@ -188,7 +197,11 @@ impl SeaOrmStore {
                 available.push_str(&format!(" WHEN {id} THEN {at}"));
             }
             available.push_str(" END");
-            let ids: Vec<i64> = batch.retried.iter().map(|(failure, _)| failure.id).collect();
+            let ids: Vec<i64> = batch
+                .retried
+                .iter()
+                .map(|(failure, _)| failure.id)
+                .collect();
             let ids = params.bind_ids(&ids);
             let node = params.bind(node_id);
             txn.execute(params.statement(format!(
@@ -294,7 +307,8 @@ impl SeaOrmStore {
 }
 
 /// The columns of [`ClaimedRow`].
-const COLUMNS: &str = "id, event_id, event_type, room_id, envelope, headers, retry_count, created_at";
+const COLUMNS: &str =
+    "id, event_id, event_type, room_id, envelope, headers, retry_count, created_at";
 
 fn lease(request: &ClaimRequest) -> chrono::Duration {
     chrono::Duration::from_std(request.lease).unwrap_or(chrono::Duration::seconds(30))

@@ -42,7 +42,11 @@ pub async fn dead(config: Config, command: DeadCommand) -> anyhow::Result<()> {
                 println!("no dead events");
             }
         }
-        DeadCommand::Requeue { event_ids, room, all } => {
+        DeadCommand::Requeue {
+            event_ids,
+            room,
+            all,
+        } => {
             let which = if all {
                 Requeue::All
             } else if let Some(room) = room {

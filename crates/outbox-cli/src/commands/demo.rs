@@ -19,7 +19,11 @@ use std::time::{Duration, Instant};
 
 /// Rows per producer transaction.
 const SEED_BATCH: u64 = 100;
-const EVENT_TYPES: [&str; 3] = ["room.message.posted", "room.member.joined", "room.topic.changed"];
+const EVENT_TYPES: [&str; 3] = [
+    "room.message.posted",
+    "room.member.joined",
+    "room.topic.changed",
+];
 
 /// What the consumer saw.
 #[derive(Debug, Default)]
@@ -47,7 +51,8 @@ impl DemoSummary {
         if self.latencies.is_empty() {
             return Duration::ZERO;
         }
-        let rank = ((q * self.latencies.len() as f64).ceil() as usize).clamp(1, self.latencies.len());
+        let rank =
+            ((q * self.latencies.len() as f64).ceil() as usize).clamp(1, self.latencies.len());
         self.latencies[rank - 1]
     }
 }
@@ -85,7 +90,13 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
     exchanges.dedup();
     for exchange in exchanges {
         channel
-            .queue_bind(queue.name().clone(), exchange.into(), "#".into(), QueueBindOptions::default(), FieldTable::default())
+            .queue_bind(
+                queue.name().clone(),
+                exchange.into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
             .await
             .with_context(|| format!("cannot bind the demo's queue to exchange {exchange:?}"))?;
     }
@@ -105,9 +116,11 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
     let run = format!("demo-{}", chrono::Utc::now().timestamp_millis());
     let inserted: Rc<RefCell<HashMap<String, Instant>>> = Rc::default();
     let progress = ProgressBar::new(args.events).with_style(
-        ProgressStyle::with_template("{spinner} relayed {pos}/{len} events [{bar:40}] {per_sec} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{spinner} relayed {pos}/{len} events [{bar:40}] {per_sec} {elapsed}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
 
     let started = Instant::now();
@@ -142,12 +155,21 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
     let mut seen = HashSet::new();
     let receiving = async {
         while summary.delivered < args.events {
-            let Some(delivery) = consumer.next().await else { break };
+            let Some(delivery) = consumer.next().await else {
+                break;
+            };
             let delivery = delivery?;
-            let Some(id) = delivery.properties.message_id().as_ref().map(|id| id.to_string()) else {
+            let Some(id) = delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+            else {
                 continue;
             };
-            let Some(at) = inserted.borrow().get(&id).copied() else { continue };
+            let Some(at) = inserted.borrow().get(&id).copied() else {
+                continue;
+            };
             if seen.insert(id) {
                 summary.latencies.push(at.elapsed());
                 summary.delivered += 1;
@@ -167,7 +189,9 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
     let _ = channel.close(200, "demo done".into()).await;
     broker.close().await;
 
-    seeded.context("the seeding task failed")?.context("seeding failed")?;
+    seeded
+        .context("the seeding task failed")?
+        .context("seeding failed")?;
     match received {
         Ok(result) => result.context("the demo's consumer failed")?,
         Err(_) => bail!(

@@ -8,7 +8,12 @@ pub async fn migrate(config: Config) -> anyhow::Result<()> {
     let database = &config.database;
     let db = outbox_store::connect(&database.url, 1)
         .await
-        .with_context(|| format!("cannot connect to the database at {}", database.redacted_url))?;
+        .with_context(|| {
+            format!(
+                "cannot connect to the database at {}",
+                database.redacted_url
+            )
+        })?;
     let applied = outbox_store::migrate(&db, &database.table)
         .await
         .with_context(|| format!("cannot migrate table {}", database.table))?;
