@@ -83,4 +83,8 @@ pub struct DemoArgs {
     /// Rooms to spread them over.
     #[arg(long, default_value_t = 100)]
     pub rooms: u64,
+    /// Insert every event before the relay starts (relay a backlog) instead of while it
+    /// runs (relay live traffic).
+    #[arg(long)]
+    pub prefill: bool,
 }

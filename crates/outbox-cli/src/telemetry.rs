@@ -5,9 +5,16 @@ use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber (once per process; later calls are ignored).
 pub fn init(log: &LogConfig) {
-    let filter = EnvFilter::try_from_default_env()
+    let mut filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&log.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // lapin warns about every returned (unroutable) message, body included; the relay
+    // already logs that failure once, with the event's fields and without the body.
+    if !log.level.contains("lapin") {
+        if let Ok(quiet) = "lapin::returned_messages=error".parse() {
+            filter = filter.add_directive(quiet);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -22,7 +22,7 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnecti
         .connect_timeout(Duration::from_secs(5))
         // A claim or flush waits at most this long for a free connection.
         .acquire_timeout(Duration::from_secs(5))
-        .sqlx_logging(false);
+        .sqlx_logging(std::env::var_os("OUTBOX_SQLX_LOG").is_some());
     let db = Database::connect(options).await?;
     if db.get_database_backend() == DbBackend::Sqlite {
         // Readers (status, producers) do not block the relay's writes, and vice versa.
@@ -60,6 +60,15 @@ impl SeaOrmStore {
 
     fn backend(&self) -> DbBackend {
         self.db.get_database_backend()
+    }
+
+    /// SQLite picks the `(status, published_at)` index for `status = 'pending'` and sorts
+    /// every pending row when it has no statistics; name the index that keeps id order.
+    fn index_hint(&self, index: &str) -> String {
+        match self.backend() {
+            DbBackend::Sqlite => format!(" INDEXED BY {}_{index}", self.table),
+            _ => String::new(),
+        }
     }
 
     /// The conditions that make row alias `c` publishable for `request.node_id` at `now`.
@@ -100,8 +109,9 @@ impl SeaOrmStore {
             let waiting = format!("{} > {}", time_expr(backend, "e.available_at"), at(params));
             let leased = format!("{} >= {}", time_expr(backend, "e.locked_until"), at(params));
             let node = params.bind(request.node_id.as_str());
+            let hint = self.index_hint("pending_room_idx");
             sql.push_str(&format!(
-                " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.room_id = c.room_id \
+                " AND NOT EXISTS (SELECT 1 FROM {t} e{hint} WHERE e.room_id = c.room_id \
                  AND e.status = 'pending' AND e.id < c.id \
                  AND ({waiting} OR ({leased} AND e.locked_by <> {node})){fence})"
             ));
@@ -125,14 +135,33 @@ impl SeaOrmStore {
         } else {
             ""
         };
+        let hint = self.index_hint("pending_idx");
         let sql = format!(
             "UPDATE {t} SET locked_by = {node}, locked_until = {until} WHERE id IN \
-             (SELECT c.id FROM {t} c WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}) \
+             (SELECT c.id FROM {t} c{hint} WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}) \
              RETURNING {COLUMNS}"
         );
-        ClaimedRow::find_by_statement(params.statement(sql))
-            .all(&self.db)
-            .await
+        if backend != DbBackend::Postgres {
+            return ClaimedRow::find_by_statement(params.statement(sql))
+                .all(&self.db)
+                .await;
+        }
+        // Pin the plan: walk the pending index in id order and stop at the limit. With
+        // statistics that lag behind the queue (autovacuum off, or a table analysed while
+        // empty), PostgreSQL otherwise fetches every pending row, runs the per-room probe
+        // on each and sorts: measured 454 ms instead of 3.4 ms per claim at 10,000
+        // pending rows. SET LOCAL ends with the transaction.
+        let txn = self.db.begin().await?;
+        txn.execute_unprepared(
+            "SELECT set_config('enable_seqscan', 'off', true), \
+             set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)",
+        )
+        .await?;
+        let rows = ClaimedRow::find_by_statement(params.statement(sql))
+            .all(&txn)
+            .await?;
+        txn.commit().await?;
+        Ok(rows)
     }
 
     /// MySQL has neither `UPDATE … RETURNING` nor `LIMIT` in an `IN` subquery of the

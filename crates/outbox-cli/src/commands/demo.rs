@@ -112,7 +112,6 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
         )
         .await?;
 
-    let relay = start_relay(&config, &store, &broker).await?;
     let run = format!("demo-{}", chrono::Utc::now().timestamp_millis());
     let inserted: Rc<RefCell<HashMap<String, Instant>>> = Rc::default();
     let progress = ProgressBar::new(args.events).with_style(
@@ -122,15 +121,13 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
-
-    let started = Instant::now();
-    let seeder = {
+    let seeding = {
         let inserted = Rc::clone(&inserted);
         let db = store.connection().clone();
         let table = config.database.table.clone();
         let run = run.clone();
         let (events, rooms) = (args.events, args.rooms);
-        actix_rt::spawn(async move {
+        async move {
             let mut next = 0;
             while next < events {
                 let batch: Vec<NewEvent> = (next..(next + SEED_BATCH).min(events))
@@ -144,8 +141,20 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
                 next += batch.len() as u64;
             }
             anyhow::Ok(())
-        })
+        }
     };
+    let (started, seeder) = if args.prefill {
+        seeding.await.context("seeding failed")?;
+        // A backlog: measure from the relay's start, not from the inserts.
+        let started = Instant::now();
+        for at in inserted.borrow_mut().values_mut() {
+            *at = started;
+        }
+        (started, None)
+    } else {
+        (Instant::now(), Some(actix_rt::spawn(seeding)))
+    };
+    let relay = start_relay(&config, &store, &broker).await?;
 
     let deadline = Duration::from_secs(60).max(Duration::from_millis(args.events * 10));
     let mut summary = DemoSummary {
@@ -183,15 +192,16 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
     let received = tokio::time::timeout(deadline, receiving).await;
     summary.elapsed = started.elapsed();
     progress.finish_and_clear();
-    let seeded = seeder.await;
+    let seeded = match seeder {
+        Some(seeder) => seeder.await.context("the seeding task failed")?,
+        None => Ok(()),
+    };
 
     relay.shutdown().await?;
     let _ = channel.close(200, "demo done".into()).await;
     broker.close().await;
 
-    seeded
-        .context("the seeding task failed")?
-        .context("seeding failed")?;
+    seeded.context("seeding failed")?;
     match received {
         Ok(result) => result.context("the demo's consumer failed")?,
         Err(_) => bail!(
