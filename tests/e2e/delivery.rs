@@ -96,3 +96,8 @@ async fn postgres_delivers_10k_events_once_in_room_order() {
 async fn sqlite_delivers_10k_events_once_in_room_order() {
     delivers_every_event_once_in_room_order(Backend::Sqlite, 10_000, 100).await;
 }
+
+#[actix_rt::test]
+async fn mariadb_delivers_10k_events_once_in_room_order() {
+    delivers_every_event_once_in_room_order(Backend::MySql, 10_000, 100).await;
+}

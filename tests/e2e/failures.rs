@@ -48,7 +48,16 @@ async fn wait_for_retries(database: &TestDatabase, event_id: &str, retries: i32)
 
 #[actix_rt::test]
 async fn unroutable_event_holds_back_its_room_until_a_binding_exists() {
-    let database = TestDatabase::new(Backend::Postgres).await;
+    unroutable_event_holds_back_its_room(Backend::Postgres).await;
+}
+
+#[actix_rt::test]
+async fn mariadb_unroutable_event_holds_back_its_room_until_a_binding_exists() {
+    unroutable_event_holds_back_its_room(Backend::MySql).await;
+}
+
+async fn unroutable_event_holds_back_its_room(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
     let broker = TestBroker::new("room.#").await;
     let config = test_config(&database, &broker, |settings| {
         settings.relay.retry_interval = "100ms".into();
@@ -123,7 +132,16 @@ async fn without_ordering_an_unroutable_event_holds_nothing_back() {
 
 #[actix_rt::test]
 async fn max_attempts_turns_a_failing_event_dead_and_its_room_flows_on() {
-    let database = TestDatabase::new(Backend::Sqlite).await;
+    max_attempts_turns_an_event_dead(Backend::Sqlite).await;
+}
+
+#[actix_rt::test]
+async fn mariadb_max_attempts_turns_a_failing_event_dead_and_its_room_flows_on() {
+    max_attempts_turns_an_event_dead(Backend::MySql).await;
+}
+
+async fn max_attempts_turns_an_event_dead(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
     let broker = TestBroker::new("room.#").await;
     let settings = outbox_tests::test_settings(&database, &broker, |settings| {
         settings.relay.max_attempts = 3;

@@ -67,6 +67,11 @@ async fn postgres_keeps_last_error_within_512_bytes_on_a_char_boundary() {
 }
 
 #[actix_rt::test]
+async fn mariadb_keeps_last_error_within_512_bytes_on_a_char_boundary() {
+    long_multibyte_error_is_stored_within_512_bytes(Backend::MySql).await;
+}
+
+#[actix_rt::test]
 async fn sqlite_keeps_last_error_within_512_bytes_on_a_char_boundary() {
     long_multibyte_error_is_stored_within_512_bytes(Backend::Sqlite).await;
 }
@@ -145,13 +150,27 @@ async fn postgres_per_room_claims_take_a_prefix_and_wait_for_outcomes() {
 }
 
 #[actix_rt::test]
+async fn mariadb_per_room_claims_take_a_prefix_and_wait_for_outcomes() {
+    per_room_claims_take_a_prefix_and_wait_for_outcomes(Backend::MySql).await;
+}
+
+#[actix_rt::test]
 async fn sqlite_per_room_claims_take_a_prefix_and_wait_for_outcomes() {
     per_room_claims_take_a_prefix_and_wait_for_outcomes(Backend::Sqlite).await;
 }
 
 #[actix_rt::test]
 async fn a_node_that_lost_its_lease_cannot_overwrite_the_new_holder_but_published_wins() {
-    let database = TestDatabase::new(Backend::Postgres).await;
+    lost_lease_cannot_overwrite(Backend::Postgres).await;
+}
+
+#[actix_rt::test]
+async fn mariadb_a_node_that_lost_its_lease_cannot_overwrite_the_new_holder() {
+    lost_lease_cannot_overwrite(Backend::MySql).await;
+}
+
+async fn lost_lease_cannot_overwrite(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
     outbox_tests::seed(&database, &[event("x1", "x"), event("y1", "y")]).await;
     let store = &database.store;
     let claimed = store
@@ -160,9 +179,7 @@ async fn a_node_that_lost_its_lease_cannot_overwrite_the_new_holder_but_publishe
         .unwrap();
     assert_eq!(claimed.len(), 2);
     // The old node's lease expires and another node claims both rows.
-    database
-        .execute("UPDATE {t} SET locked_until = locked_until - interval '1 hour'")
-        .await;
+    database.expire_leases().await;
     let reclaimed = store
         .claim(&claim("new", 10, Ordering::PerRoom))
         .await

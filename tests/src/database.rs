@@ -97,9 +97,21 @@ impl TestDatabase {
     pub async fn execute(&self, sql: &str) {
         let sql = sql.replace("{t}", self.table.as_str());
         self.db()
-            .execute(Statement::from_string(self.backend(), sql))
+            .execute(Statement::from_string(self.backend(), sql.clone()))
             .await
-            .expect("statement runs");
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
+    }
+
+    /// Moves every lease an hour into the past, as if its node had died.
+    pub async fn expire_leases(&self) {
+        self.execute(match self.backend() {
+            DbBackend::Postgres => "UPDATE {t} SET locked_until = locked_until - interval '1 hour'",
+            DbBackend::MySql => "UPDATE {t} SET locked_until = locked_until - INTERVAL 1 HOUR",
+            DbBackend::Sqlite => {
+                "UPDATE {t} SET locked_until = strftime('%Y-%m-%d %H:%M:%f', locked_until, '-1 hour')"
+            }
+        })
+        .await;
     }
 
     fn backend(&self) -> DbBackend {

@@ -115,6 +115,11 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Clears every lease `node_id` holds on pending rows; returns how many.
     async fn release_node(&self, node_id: &str) -> Result<u64, StoreError>;
 
+    /// Extends every lease `node_id` still holds on pending rows to `now + lease`, so rows
+    /// that stay in flight longer than a lease (a slow broker, a Marker waiting for the
+    /// database) are not claimed by another node meanwhile. Returns how many.
+    async fn renew(&self, node_id: &str, lease: Duration) -> Result<u64, StoreError>;
+
     /// Counts by status and lease.
     async fn stats(&self) -> Result<OutboxStats, StoreError>;
 }

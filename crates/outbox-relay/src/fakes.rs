@@ -156,6 +156,10 @@ impl OutboxStore for FakeStore {
         Ok(0)
     }
 
+    async fn renew(&self, _: &str, _: Duration) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
         Ok(OutboxStats::default())
     }

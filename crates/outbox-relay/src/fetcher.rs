@@ -121,6 +121,29 @@ pub fn publisher_for(room_id: &str, pool: usize) -> usize {
 
 impl Actor for Fetcher {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // Renew this node's leases well before they expire: rows may stay in flight longer
+        // than a lease when the broker or the database is slow.
+        let every = (self.request.lease / 3).max(std::time::Duration::from_millis(100));
+        ctx.run_interval(every, |fetcher, ctx| {
+            if fetcher.stopped || fetcher.in_flight == 0 {
+                return;
+            }
+            let store = Arc::clone(&fetcher.store);
+            let node_id = fetcher.request.node_id.clone();
+            let lease = fetcher.request.lease;
+            ctx.spawn(
+                async move {
+                    match store.renew(&node_id, lease).await {
+                        Ok(renewed) => debug!(renewed, "leases renewed"),
+                        Err(error) => warn!(%error, "renewing leases failed; retrying"),
+                    }
+                }
+                .into_actor(fetcher),
+            );
+        });
+    }
 }
 
 impl Handler<Tick> for Fetcher {

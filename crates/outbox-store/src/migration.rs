@@ -16,10 +16,25 @@ struct Migration {
 }
 
 /// Every migration, oldest first. Append; never edit one that has shipped.
-const MIGRATIONS: &[Migration] = &[Migration {
-    name: "m20261202_000001_create_room_outbox",
-    statements: create_table,
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        name: "m20261202_000001_create_room_outbox",
+        statements: create_table,
+    },
+    Migration {
+        name: "m20261202_000002_create_room_outbox_lock",
+        statements: create_lock,
+    },
+];
+
+/// `<table>_lock`: one row whose row lock serialises per-room claims across nodes
+/// (see `SeaOrmStore::take_claim_lock`). SQLite serialises writers by itself.
+fn create_lock(_: DbBackend, t: &str) -> Vec<String> {
+    vec![
+        format!("CREATE TABLE IF NOT EXISTS {t}_lock (name VARCHAR(64) NOT NULL PRIMARY KEY)"),
+        format!("INSERT INTO {t}_lock (name) VALUES ('claim')"),
+    ]
+}
 
 fn create_table(backend: DbBackend, t: &str) -> Vec<String> {
     match backend {

@@ -9,7 +9,7 @@ use outbox_core::{
 };
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr,
-    FromQueryResult, QueryResult, TransactionTrait,
+    FromQueryResult, IsolationLevel, QueryResult, TransactionTrait,
 };
 use std::time::Duration;
 
@@ -157,6 +157,9 @@ impl SeaOrmStore {
              set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)",
         )
         .await?;
+        if request.ordering == Ordering::PerRoom {
+            self.take_claim_lock(&txn).await?;
+        }
         let rows = ClaimedRow::find_by_statement(params.statement(sql))
             .all(&txn)
             .await?;
@@ -169,7 +172,15 @@ impl SeaOrmStore {
     async fn claim_mysql(&self, request: &ClaimRequest) -> Result<Vec<ClaimedRow>, DbErr> {
         let t = self.table.as_str();
         let now = Utc::now();
-        let txn = self.db.begin().await?;
+        // READ COMMITTED: the candidate query must see claims committed while this
+        // transaction waited for the claim lock.
+        let txn = self
+            .db
+            .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
+            .await?;
+        if request.ordering == Ordering::PerRoom {
+            self.take_claim_lock(&txn).await?;
+        }
         let mut params = Params::new(DbBackend::MySql);
         let claimable = self.claimable(&mut params, now, request);
         let limit = params.bind(limit(request));
@@ -192,6 +203,25 @@ impl SeaOrmStore {
         }
         txn.commit().await?;
         Ok(rows)
+    }
+
+    /// Serialises per-room claims of all nodes on this table: waits for the row lock on
+    /// `<table>_lock`, held until the claim commits.
+    ///
+    /// Why: a claim checks, in its snapshot, that no earlier row of a candidate's room is
+    /// leased to another node. Two claims running at once would each see the other's rows
+    /// as still free (uncommitted leases are invisible, and `SKIP LOCKED` hides the rows
+    /// themselves), so node A could take row 1 of a room while node B takes row 2. With
+    /// claims serialised, every claim's snapshot (taken after the lock, under READ
+    /// COMMITTED) holds every earlier claim. Only the claim statement is serialised —
+    /// a few milliseconds — while publishing and marking run in parallel on every node.
+    async fn take_claim_lock<C: ConnectionTrait>(&self, txn: &C) -> Result<(), DbErr> {
+        let sql = format!(
+            "SELECT name FROM {}_lock WHERE name = 'claim' FOR UPDATE",
+            self.table
+        );
+        txn.execute_unprepared(&sql).await?;
+        Ok(())
     }
 
     async fn mark_batch(&self, node_id: &str, batch: &MarkBatch) -> Result<(), DbErr> {
@@ -380,6 +410,22 @@ impl OutboxStore for SeaOrmStore {
             .execute(params.statement(format!(
                 "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
                  WHERE locked_by = {node} AND status = 'pending'"
+            )))
+            .await
+            .map_err(database)?;
+        Ok(result.rows_affected())
+    }
+
+    async fn renew(&self, node_id: &str, lease: Duration) -> Result<u64, StoreError> {
+        let t = self.table.as_str();
+        let mut params = Params::new(self.backend());
+        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(30));
+        let until = params.bind_time(Utc::now() + lease);
+        let node = params.bind(node_id);
+        let result = self
+            .db
+            .execute(params.statement(format!(
+                "UPDATE {t} SET locked_until = {until} WHERE locked_by = {node} AND status = 'pending'"
             )))
             .await
             .map_err(database)?;
