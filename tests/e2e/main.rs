@@ -2,12 +2,14 @@
 //!
 //! - `delivery`: every event once, byte for byte, with the contract's properties, in room order.
 //! - `failures`: unroutable events, hold-back per room, retries and dead events.
+//! - `multinode`: several relay processes on one table, a killed node, concurrent producers.
 //! - `shutdown`: SIGTERM on the real binary.
 //! - `settings`: exit codes and messages of the binary for bad settings.
 //! - `store`: the store's own guarantees (last_error trimming, leases).
 
 mod delivery;
 mod failures;
+mod multinode;
 mod settings;
 mod shutdown;
 mod store;

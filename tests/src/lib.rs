@@ -138,3 +138,102 @@ pub fn run_binary(binary: &str, settings: &Settings, args: &[&str]) -> std::proc
         .output()
         .expect("the relay binary runs")
 }
+
+/// An `outbox-relay run` process, its log in a temporary file.
+pub struct RelayProcess {
+    child: std::process::Child,
+    /// Where its stderr goes.
+    pub log: std::path::PathBuf,
+}
+
+impl RelayProcess {
+    /// Starts `binary run` with `settings` in its environment.
+    pub fn spawn(binary: &str, settings: &Settings) -> Self {
+        let log =
+            std::env::temp_dir().join(format!("{}.log", unique_name(&settings.relay.node_id)));
+        let child = std::process::Command::new(binary)
+            .args(["--config", "/dev/null", "run"])
+            .envs(settings_env(settings))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("relay starts");
+        Self { child, log }
+    }
+
+    /// Sends `signal` (`TERM`, `KILL`, …).
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the exit, at most `deadline`; panics with the log otherwise.
+    pub async fn wait(&mut self, deadline: Duration) -> std::process::ExitStatus {
+        let until = std::time::Instant::now() + deadline;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("child status") {
+                return status;
+            }
+            if std::time::Instant::now() > until {
+                let _ = self.child.kill();
+                panic!(
+                    "relay did not exit within {deadline:?}; its log:\n{}",
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGTERM, then expects exit code 0 within `deadline`.
+    pub async fn stop(mut self, deadline: Duration) {
+        self.signal("TERM");
+        let status = self.wait(deadline).await;
+        assert!(
+            status.success(),
+            "exit status {status:?}; log:\n{}",
+            self.log_text()
+        );
+        let _ = std::fs::remove_file(&self.log);
+    }
+
+    /// What it logged.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Checks that, per room, the first delivery of each event arrives in id order; returns
+/// the number of duplicate deliveries.
+pub fn assert_room_order(received: &[Received]) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    let mut last: std::collections::HashMap<String, (i64, String)> =
+        std::collections::HashMap::new();
+    let mut duplicates = 0;
+    for message in received {
+        if !seen.insert(message.message_id.clone()) {
+            duplicates += 1;
+            continue;
+        }
+        let room = message.header("room_id").expect("room_id header");
+        let id = message.int_header("outbox_id").expect("outbox_id header");
+        let node = message.header("node_id").unwrap_or_default();
+        if let Some((previous, by)) = last.insert(room.clone(), (id, node.clone())) {
+            assert!(
+                previous < id,
+                "room {room}: event {id} (from {node}) arrived after {previous} (from {by})"
+            );
+        }
+    }
+    duplicates
+}

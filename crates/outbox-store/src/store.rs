@@ -184,8 +184,15 @@ impl SeaOrmStore {
         let mut params = Params::new(DbBackend::MySql);
         let claimable = self.claimable(&mut params, now, request);
         let limit = params.bind(limit(request));
+        // Per-room claims hold the claim lock, so they need no SKIP LOCKED; and on MariaDB
+        // the locking clause also governs the per-room subquery, where skipping a row that
+        // another node's Marker is updating would hide an earlier event of the room.
+        let lock = match request.ordering {
+            Ordering::PerRoom => "FOR UPDATE",
+            Ordering::None => "FOR UPDATE SKIP LOCKED",
+        };
         let sql = format!(
-            "SELECT {COLUMNS} FROM {t} c WHERE {claimable} ORDER BY c.id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            "SELECT {COLUMNS} FROM {t} c WHERE {claimable} ORDER BY c.id LIMIT {limit} {lock}"
         );
         let rows = ClaimedRow::find_by_statement(params.statement(sql))
             .all(&txn)
