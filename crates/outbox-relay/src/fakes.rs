@@ -118,6 +118,10 @@ impl EventPublisher for FakePublisher {
 /// A store that records mark batches and can fail the next few of them.
 #[derive(Default)]
 pub struct FakeStore {
+    /// Records the next claim returns.
+    pub claimable: Mutex<Vec<OutboxRecord>>,
+    /// Lease renewals so far.
+    pub renewals: AtomicUsize,
     /// Marks to fail before succeeding again.
     pub failing_marks: AtomicUsize,
     /// Failed mark attempts so far.
@@ -135,8 +139,10 @@ impl FakeStore {
 
 #[async_trait]
 impl OutboxStore for FakeStore {
-    async fn claim(&self, _: &ClaimRequest) -> Result<Vec<OutboxRecord>, StoreError> {
-        Ok(Vec::new())
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxRecord>, StoreError> {
+        let mut claimable = self.claimable.lock().unwrap();
+        let take = request.limit.min(claimable.len());
+        Ok(claimable.drain(..take).collect())
     }
 
     async fn mark(&self, _: &str, batch: &MarkBatch) -> Result<(), StoreError> {
@@ -157,7 +163,8 @@ impl OutboxStore for FakeStore {
     }
 
     async fn renew(&self, _: &str, _: Duration) -> Result<u64, StoreError> {
-        Ok(0)
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        Ok(1)
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {

@@ -227,6 +227,84 @@ impl Handler<StopClaiming> for Fetcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fakes::{eventually, record, Collector, FakeStore};
+    use outbox_core::Ordering;
+    use std::sync::atomic::Ordering as AtomicOrdering;
+    use std::time::Duration;
+
+    fn fetcher(
+        store: Arc<FakeStore>,
+        lease: Duration,
+    ) -> (Addr<Fetcher>, crate::fakes::Seen<Publish>) {
+        let (publish, published) = Collector::<Publish>::start();
+        let (unhold, _) = Collector::<Unhold>::start();
+        let (wake, _) = Collector::<Wake>::start();
+        let handle = PublisherHandle {
+            publish: publish.recipient(),
+            unhold: unhold.recipient(),
+        };
+        let request = ClaimRequest {
+            node_id: "n1".into(),
+            limit: 10,
+            lease,
+            ordering: Ordering::PerRoom,
+        };
+        let fetcher = Fetcher::new(store, vec![handle], wake.recipient(), request, 20).start();
+        (fetcher, published)
+    }
+
+    #[actix_rt::test]
+    async fn in_flight_rows_keep_their_leases_renewed() {
+        let store = Arc::new(FakeStore::default());
+        store.claimable.lock().unwrap().push(record(1, "a"));
+        let (fetcher, published) = fetcher(Arc::clone(&store), Duration::from_millis(300));
+        let report = fetcher.send(Tick).await.unwrap();
+        assert_eq!(
+            report,
+            TickReport {
+                claimed: 1,
+                full: false
+            }
+        );
+        published.wait_for(1, Duration::from_secs(5)).await;
+        eventually("two renewals", Duration::from_secs(5), || {
+            store.renewals.load(AtomicOrdering::SeqCst) >= 2
+        })
+        .await;
+    }
+
+    #[actix_rt::test]
+    async fn claims_stop_at_the_in_flight_bound_until_outcomes_are_written() {
+        let store = Arc::new(FakeStore::default());
+        store
+            .claimable
+            .lock()
+            .unwrap()
+            .extend((1..=30).map(|id| record(id, "a")));
+        let (fetcher, _published) = fetcher(Arc::clone(&store), Duration::from_secs(30));
+        assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 10);
+        assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 10);
+        assert_eq!(
+            fetcher.send(Tick).await.unwrap().claimed,
+            0,
+            "20 rows in flight: the bound"
+        );
+        fetcher.do_send(Marked {
+            count: 5,
+            unheld: Vec::new(),
+        });
+        assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 5);
+        fetcher.do_send(StopClaiming);
+        fetcher.do_send(Marked {
+            count: 25,
+            unheld: Vec::new(),
+        });
+        assert_eq!(
+            fetcher.send(Tick).await.unwrap().claimed,
+            0,
+            "stopped: no more claims"
+        );
+    }
 
     #[test]
     fn a_room_always_maps_to_the_same_publisher() {

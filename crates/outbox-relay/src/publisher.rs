@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 /// Publish this record (from the Fetcher).
-#[derive(Message, Debug)]
+#[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct Publish(pub OutboxRecord);
 
