@@ -259,11 +259,28 @@ async fn renewing_extends_only_this_nodes_leases() {
     let mut short = claim("n1", 1, Ordering::PerRoom);
     short.lease = Duration::from_secs(1);
     assert_eq!(store.claim(&short).await.unwrap().len(), 1);
-    assert_eq!(store.claim(&claim("n2", 1, Ordering::PerRoom)).await.unwrap().len(), 1);
+    assert_eq!(
+        store
+            .claim(&claim("n2", 1, Ordering::PerRoom))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let before = database.row("s1").await.locked_until;
-    assert_eq!(store.renew("n1", Duration::from_secs(600)).await.unwrap(), 1);
+    assert_eq!(
+        store.renew("n1", Duration::from_secs(600)).await.unwrap(),
+        1
+    );
     let renewed = database.row("r1").await.locked_until.expect("leased");
-    assert!(renewed > Utc::now() + chrono::Duration::seconds(500), "{renewed}");
-    assert_eq!(database.row("s1").await.locked_until, before, "another node's lease is untouched");
+    assert!(
+        renewed > Utc::now() + chrono::Duration::seconds(500),
+        "{renewed}"
+    );
+    assert_eq!(
+        database.row("s1").await.locked_until,
+        before,
+        "another node's lease is untouched"
+    );
     database.drop_table().await;
 }
