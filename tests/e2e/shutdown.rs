@@ -1,46 +1,10 @@
 //! SIGTERM on the real binary (DESIGN §7).
 
 use outbox_tests::{
-    eventually, room_events, seed, settings_env, test_settings, Backend, TestBroker, TestDatabase,
+    eventually, room_events, seed, test_settings, Backend, RelayProcess, TestBroker, TestDatabase,
 };
 use std::collections::HashSet;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-
-fn spawn_relay(settings: &outbox_cli::settings::Settings, log: &std::path::Path) -> Child {
-    Command::new(crate::RELAY)
-        .args(["--config", "/dev/null", "run"])
-        .envs(settings_env(settings))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).expect("log file"))
-        .spawn()
-        .expect("relay starts")
-}
-
-fn signal(child: &Child, name: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-}
-
-async fn wait_exit(child: &mut Child, deadline: Duration, log: &std::path::Path) -> ExitStatus {
-    let until = Instant::now() + deadline;
-    loop {
-        if let Some(status) = child.try_wait().expect("child status") {
-            return status;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            panic!(
-                "relay did not exit within {deadline:?}; its log:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 #[actix_rt::test]
 async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
@@ -53,19 +17,18 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
     });
     let seeded = room_events("sig", EVENTS, 200);
     seed(&database, &seeded).await;
-    let log = std::env::temp_dir().join(format!("{}.log", database.table));
 
-    let mut first = spawn_relay(&settings, &log);
+    let mut first = RelayProcess::spawn(crate::RELAY, &settings);
     broker.wait_for(2_000, Duration::from_secs(60)).await;
-    signal(&first, "TERM");
+    first.signal("TERM");
     let signalled = Instant::now();
     // DESIGN §7: exit 0 within publish_timeout + 2 s.
-    let status = wait_exit(&mut first, Duration::from_secs(5), &log).await;
+    let status = first.wait(Duration::from_secs(5)).await;
     let took = signalled.elapsed();
     assert!(
         status.success(),
         "exit status {status:?}; log:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        first.log_text()
     );
     assert!(took <= Duration::from_secs(5), "shutdown took {took:?}");
 
@@ -102,7 +65,7 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
         );
     }
 
-    let mut second = spawn_relay(&settings, &log);
+    let second = RelayProcess::spawn(crate::RELAY, &settings);
     eventually(
         "every row published by the second run",
         Duration::from_secs(120),
@@ -115,9 +78,7 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
         },
     )
     .await;
-    signal(&second, "TERM");
-    let status = wait_exit(&mut second, Duration::from_secs(5), &log).await;
-    assert!(status.success(), "second run exit status {status:?}");
+    second.stop(Duration::from_secs(5)).await;
 
     let deliveries = broker.wait_for(EVENTS, Duration::from_secs(30)).await;
     let distinct: HashSet<&str> = deliveries.iter().map(|r| r.message_id.as_str()).collect();
@@ -133,7 +94,7 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
         deliveries.len(),
         deliveries.len() - distinct.len()
     );
-    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&first.log);
     broker.close().await;
     database.drop_table().await;
 }

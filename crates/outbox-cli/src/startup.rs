@@ -21,15 +21,20 @@ pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<SeaOrm
                 database.redacted_url
             )
         })?;
+    let store = SeaOrmStore::new(db, database.table.clone());
     if migrate {
-        let applied = outbox_store::migrate(&db, &database.table)
-            .await
-            .with_context(|| format!("cannot migrate table {}", database.table))?;
-        for name in applied {
+        for name in migrate_table(&store).await? {
             info!(migration = name, table = %database.table, "migration applied");
         }
     }
-    Ok(SeaOrmStore::new(db, database.table.clone()))
+    Ok(store)
+}
+
+/// Creates or upgrades the store's table; returns the migrations applied now.
+pub async fn migrate_table(store: &SeaOrmStore) -> anyhow::Result<Vec<&'static str>> {
+    outbox_store::migrate(store.connection(), store.table())
+        .await
+        .with_context(|| format!("cannot migrate table {}", store.table()))
 }
 
 /// Connects to RabbitMQ and declares the topology.
