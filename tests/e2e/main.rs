@@ -2,6 +2,7 @@
 //!
 //! - `delivery`: every event once, byte for byte, with the contract's properties, in room order.
 //! - `failures`: unroutable events, hold-back per room, retries and dead events.
+//! - `faults`: broker and database links cut or stalled by a TCP proxy.
 //! - `multinode`: several relay processes on one table, a killed node, concurrent producers.
 //! - `shutdown`: SIGTERM on the real binary.
 //! - `settings`: exit codes and messages of the binary for bad settings.
@@ -9,6 +10,7 @@
 
 mod delivery;
 mod failures;
+mod faults;
 mod multinode;
 mod settings;
 mod shutdown;

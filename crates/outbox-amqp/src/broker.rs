@@ -4,11 +4,14 @@ use crate::message::MessageSettings;
 use crate::publisher::AmqpPublisher;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_core::Router;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tracing::{info, warn};
 
 /// A failure to set up the broker side.
 #[derive(Debug, Error)]
@@ -34,6 +37,20 @@ pub enum AmqpError {
     /// A channel could not be opened or put in confirm mode.
     #[error("cannot open a confirm channel: {0}")]
     Channel(lapin::Error),
+    /// The connection did not open in time.
+    #[error("cannot connect to RabbitMQ at {url}: no answer within {after:?}")]
+    ConnectTimeout {
+        /// The URL, password redacted.
+        url: String,
+        /// How long we waited.
+        after: Duration,
+    },
+    /// The connection is down and the next reconnection attempt is not due yet.
+    #[error("broker unavailable: reconnecting in {retry_in:?}")]
+    Unavailable {
+        /// Time until the next attempt.
+        retry_in: Duration,
+    },
 }
 
 /// What the broker side needs to know.
@@ -55,12 +72,37 @@ pub struct AmqpSettings {
     pub publish_timeout: Duration,
 }
 
-/// An open connection with its topology declared.
+/// The relay's link to RabbitMQ: one connection, re-established when it is lost.
+///
+/// Publishers ask it for confirm channels. While the connection is down, a request
+/// reconnects — at most once per backoff step (100 ms doubling to 30 s, with jitter) —
+/// and otherwise fails at once, so publishes fail fast instead of piling up; the relay
+/// retries them through its retry policy. Every reconnection declares the topology again.
+/// Transitions between usable and unusable are logged once each.
 #[derive(Debug)]
 pub struct Broker {
-    connection: Connection,
-    settings: Arc<AmqpSettings>,
+    link: Arc<Link>,
 }
+
+#[derive(Debug)]
+pub(crate) struct Link {
+    settings: Arc<AmqpSettings>,
+    state: Mutex<LinkState>,
+}
+
+#[derive(Debug)]
+struct LinkState {
+    connection: Option<Arc<Connection>>,
+    /// No reconnection attempt before this.
+    next_attempt: Instant,
+    /// The next backoff step.
+    backoff: Duration,
+    /// Last reported usability, for logging transitions once.
+    usable: bool,
+}
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// lapin's name for an exchange type.
 pub fn exchange_kind(name: &str) -> ExchangeKind {
@@ -75,69 +117,131 @@ pub fn exchange_kind(name: &str) -> ExchangeKind {
 
 impl Broker {
     /// Connects and, when `declare_exchange`, declares every exchange the routes name.
-    /// Must run on the runtime that lives as long as the relay: lapin's I/O runs there.
+    /// Fails when the broker cannot be reached now (a clear startup error); later losses
+    /// are recovered by themselves. Must run on the runtime that lives as long as the
+    /// relay: lapin's I/O runs there.
     pub async fn connect(settings: AmqpSettings) -> Result<Self, AmqpError> {
-        let properties = ConnectionProperties::default()
-            .with_connection_name(format!("outbox-relay {}", settings.message.node_id).into());
-        let connection = Connection::connect(&settings.url, properties)
-            .await
-            .map_err(|source| AmqpError::Connect {
-                url: settings.redacted_url.clone(),
-                source,
-            })?;
-        let broker = Self {
-            connection,
-            settings: Arc::new(settings),
+        let settings = Arc::new(settings);
+        let connection = open(&settings).await?;
+        let link = Link {
+            settings,
+            state: Mutex::new(LinkState {
+                connection: Some(Arc::new(connection)),
+                next_attempt: Instant::now(),
+                backoff: FIRST_BACKOFF,
+                usable: true,
+            }),
         };
-        if broker.settings.declare_exchange {
-            broker.declare_topology().await?;
-        }
-        Ok(broker)
+        Ok(Self {
+            link: Arc::new(link),
+        })
     }
 
-    async fn declare_topology(&self) -> Result<(), AmqpError> {
-        let channel = self
-            .connection
+    /// Opens one channel in confirm mode: the unit a Publisher actor owns. Publishers get
+    /// a new one from the link by themselves when theirs closes.
+    pub async fn publisher(&self) -> Result<AmqpPublisher, AmqpError> {
+        let channel = self.link.confirm_channel().await?;
+        Ok(AmqpPublisher::new(channel, Arc::clone(&self.link)))
+    }
+
+    /// A plain channel on the current connection (the demo consumes through it).
+    pub async fn open_channel(&self) -> Result<Channel, AmqpError> {
+        self.link
+            .connection()
+            .await?
             .create_channel()
             .await
-            .map_err(AmqpError::Channel)?;
-        let router = &self.settings.router;
-        let mut exchanges: Vec<&str> = vec![router.exchange.as_str()];
-        exchanges.extend(router.routes.iter().map(|route| route.exchange.as_str()));
-        exchanges.dedup();
-        for exchange in exchanges {
-            // The default exchange ("") exists and cannot be declared.
-            if exchange.is_empty() {
-                continue;
-            }
-            let options = ExchangeDeclareOptions {
-                durable: true,
-                auto_delete: false,
-                ..ExchangeDeclareOptions::default()
-            };
-            let kind = &self.settings.exchange_type;
-            channel
-                .exchange_declare(
-                    exchange.into(),
-                    exchange_kind(kind),
-                    options,
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(|source| AmqpError::Declare {
-                    exchange: exchange.to_owned(),
-                    kind: kind.clone(),
-                    source,
-                })?;
-        }
-        let _ = channel.close(200, "topology declared".into()).await;
-        Ok(())
+            .map_err(AmqpError::Channel)
     }
 
-    /// Opens one channel in confirm mode: the unit a Publisher actor owns.
-    pub async fn publisher(&self) -> Result<AmqpPublisher, AmqpError> {
-        let channel = self
-            .connection
+    /// Closes the connection; channels must be closed first (see STACK.md: dropping the
+    /// last clone of a channel closes it in the background and races this close).
+    pub async fn close(&self) {
+        let connection = self.link.state.lock().await.connection.take();
+        if let Some(connection) = connection {
+            let closing = connection.close(200, "outbox-relay stopping".into());
+            let _ = tokio::time::timeout(crate::publisher::CLOSE_TIMEOUT, closing).await;
+        }
+    }
+}
+
+/// Opens a connection and declares the topology.
+async fn open(settings: &AmqpSettings) -> Result<Connection, AmqpError> {
+    let properties = ConnectionProperties::default()
+        .with_connection_name(format!("outbox-relay {}", settings.message.node_id).into());
+    let connecting = Connection::connect(&settings.url, properties);
+    let connect_timeout = settings.publish_timeout.max(Duration::from_secs(1));
+    let connection = match tokio::time::timeout(connect_timeout, connecting).await {
+        Ok(result) => result.map_err(|source| AmqpError::Connect {
+            url: settings.redacted_url.clone(),
+            source,
+        })?,
+        Err(_) => {
+            return Err(AmqpError::ConnectTimeout {
+                url: settings.redacted_url.clone(),
+                after: connect_timeout,
+            })
+        }
+    };
+    if settings.declare_exchange {
+        declare_topology(&connection, settings).await?;
+    }
+    Ok(connection)
+}
+
+impl Link {
+    pub(crate) fn settings(&self) -> &AmqpSettings {
+        &self.settings
+    }
+
+    /// The current connection, reconnecting when it is gone and the backoff allows.
+    async fn connection(&self) -> Result<Arc<Connection>, AmqpError> {
+        let mut state = self.state.lock().await;
+        if let Some(connection) = &state.connection {
+            if connection.status().connected() {
+                return Ok(Arc::clone(connection));
+            }
+            state.connection = None;
+            if state.usable {
+                state.usable = false;
+                warn!(url = %self.settings.redacted_url, "broker connection lost; reconnecting with backoff");
+            }
+        }
+        let now = Instant::now();
+        if now < state.next_attempt {
+            return Err(AmqpError::Unavailable {
+                retry_in: state.next_attempt - now,
+            });
+        }
+        match open(&self.settings).await {
+            Ok(connection) => {
+                let connection = Arc::new(connection);
+                state.connection = Some(Arc::clone(&connection));
+                state.backoff = FIRST_BACKOFF;
+                if !state.usable {
+                    state.usable = true;
+                    info!(url = %self.settings.redacted_url, "broker connection re-established");
+                }
+                Ok(connection)
+            }
+            Err(error) => {
+                // Full jitter keeps many relays from reconnecting in step.
+                let delay = state.backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
+                state.next_attempt = Instant::now() + delay;
+                state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+                if state.usable {
+                    state.usable = false;
+                    warn!(%error, "broker unreachable; reconnecting with backoff");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// A new channel in confirm mode on the current connection.
+    pub(crate) async fn confirm_channel(&self) -> Result<Channel, AmqpError> {
+        let connection = self.connection().await?;
+        let channel = connection
             .create_channel()
             .await
             .map_err(AmqpError::Channel)?;
@@ -145,20 +249,47 @@ impl Broker {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(AmqpError::Channel)?;
-        Ok(AmqpPublisher::new(channel, Arc::clone(&self.settings)))
+        Ok(channel)
     }
+}
 
-    /// The underlying connection (tests and the demo consume through it).
-    pub fn connection(&self) -> &Connection {
-        &self.connection
+async fn declare_topology(
+    connection: &Connection,
+    settings: &AmqpSettings,
+) -> Result<(), AmqpError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(AmqpError::Channel)?;
+    let router = &settings.router;
+    let mut exchanges: Vec<&str> = vec![router.exchange.as_str()];
+    exchanges.extend(router.routes.iter().map(|route| route.exchange.as_str()));
+    exchanges.dedup();
+    for exchange in exchanges {
+        // The default exchange ("") exists and cannot be declared.
+        if exchange.is_empty() {
+            continue;
+        }
+        let options = ExchangeDeclareOptions {
+            durable: true,
+            auto_delete: false,
+            ..ExchangeDeclareOptions::default()
+        };
+        let kind = &settings.exchange_type;
+        channel
+            .exchange_declare(
+                exchange.into(),
+                exchange_kind(kind),
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|source| AmqpError::Declare {
+                exchange: exchange.to_owned(),
+                kind: kind.clone(),
+                source,
+            })?;
     }
-
-    /// Closes the connection; channels must be closed first (see STACK.md: dropping the
-    /// last clone of a channel closes it in the background and races this close).
-    pub async fn close(&self) {
-        let _ = self
-            .connection
-            .close(200, "outbox-relay stopping".into())
-            .await;
-    }
+    let _ = channel.close(200, "topology declared".into()).await;
+    Ok(())
 }

@@ -1,25 +1,50 @@
 //! [`AmqpPublisher`]: the [`EventPublisher`] port on one confirm channel.
 
-use crate::broker::AmqpSettings;
+use crate::broker::Link;
 use crate::message::properties;
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation};
 use outbox_core::{Confirm, EventPublisher, OutboxRecord, PublishError};
 use std::sync::Arc;
+use tokio::sync::Mutex;
 use tokio::time::{timeout_at, Instant};
+
+/// How long closing a channel may take before it is abandoned.
+pub(crate) const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One confirm-mode channel. Publishes are pipelined: [`EventPublisher::publish`] returns
 /// once the message is handed to the channel, and the returned future awaits the confirm.
+/// A channel that closed (a channel error, or the connection lost) is replaced by a new
+/// one from the link on the next publish; only this publisher's channel is affected.
 #[derive(Debug)]
 pub struct AmqpPublisher {
-    channel: Channel,
-    settings: Arc<AmqpSettings>,
+    channel: Mutex<Option<Channel>>,
+    link: Arc<Link>,
 }
 
 impl AmqpPublisher {
-    pub(crate) fn new(channel: Channel, settings: Arc<AmqpSettings>) -> Self {
-        Self { channel, settings }
+    pub(crate) fn new(channel: Channel, link: Arc<Link>) -> Self {
+        Self {
+            channel: Mutex::new(Some(channel)),
+            link,
+        }
+    }
+
+    /// The open channel, or a new one.
+    async fn channel(&self) -> Result<Channel, PublishError> {
+        let mut slot = self.channel.lock().await;
+        if let Some(channel) = slot.as_ref().filter(|channel| channel.status().connected()) {
+            return Ok(channel.clone());
+        }
+        *slot = None;
+        let channel = self
+            .link
+            .confirm_channel()
+            .await
+            .map_err(|error| PublishError::Channel(error.to_string()))?;
+        *slot = Some(channel.clone());
+        Ok(channel)
     }
 }
 
@@ -30,21 +55,24 @@ fn channel_error(error: lapin::Error) -> PublishError {
 #[async_trait]
 impl EventPublisher for AmqpPublisher {
     async fn publish(&self, record: &OutboxRecord) -> Result<Confirm, PublishError> {
-        let timeout = self.settings.publish_timeout;
+        let settings = self.link.settings();
+        let timeout = settings.publish_timeout;
         // One deadline for hand-off and confirm: a broker that blocks publishers
         // (flow control) fails the publish as surely as one that never confirms.
         let deadline = Instant::now() + timeout;
-        let (exchange, routing_key) = self
-            .settings
+        let (exchange, routing_key) = settings
             .router
             .route(&record.event_type, &record.room_id)
             .map_err(|error| PublishError::Invalid(error.to_string()))?;
-        let properties = properties(record, &self.settings.message)?;
+        let properties = properties(record, &settings.message)?;
+        let channel = timeout_at(deadline, self.channel())
+            .await
+            .map_err(|_| PublishError::Timeout(timeout))??;
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        let handed_off = self.channel.basic_publish(
+        let handed_off = channel.basic_publish(
             exchange.into(),
             routing_key.as_str().into(),
             options,
@@ -79,6 +107,10 @@ impl EventPublisher for AmqpPublisher {
     }
 
     async fn close(&self) {
-        let _ = self.channel.close(200, "publisher stopping".into()).await;
+        if let Some(channel) = self.channel.lock().await.take() {
+            // A stalled broker never answers the close: do not let it hold up shutdown.
+            let closing = channel.close(200, "publisher stopping".into());
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, closing).await;
+        }
     }
 }

@@ -138,8 +138,18 @@ impl Relay {
         for drained in drains {
             let _ = drained.await;
         }
-        for port in &self.ports {
-            port.close().await;
+        // Close every channel at once: each close is bounded, but a stalled broker would
+        // otherwise cost that bound once per publisher.
+        let closes: Vec<_> = self
+            .ports
+            .iter()
+            .map(|port| {
+                let port = Arc::clone(port);
+                actix_rt::spawn(async move { port.close().await })
+            })
+            .collect();
+        for closed in closes {
+            let _ = closed.await;
         }
         let _ = self.marker.send(Drain).await;
         match self.store.release_node(&self.options.node_id).await {

@@ -71,7 +71,7 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
     let store = open_store(&config, config.database.migrate_on_start).await?;
     let broker = open_broker(&config).await?;
 
-    let channel = broker.connection().create_channel().await?;
+    let channel = broker.open_channel().await?;
     let queue = channel
         .queue_declare(
             "".into(),

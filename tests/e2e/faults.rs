@@ -1,0 +1,162 @@
+//! Riding through faults, injected by a TCP proxy between the relay and a service.
+
+use outbox_tests::{
+    assert_room_order, eventually, room_events, seed, test_config, test_settings, Backend,
+    FaultProxy, InProcessRelay, RelayProcess, TestBroker, TestDatabase,
+};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+async fn all_published(database: &TestDatabase, deadline: Duration) {
+    eventually("every row published", deadline, || async {
+        database
+            .rows()
+            .await
+            .iter()
+            .all(|row| row.status == "published")
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn broker_link_cut_three_times_loses_nothing_and_recovers_by_itself() {
+    const EVENTS: usize = 20_000;
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("#").await;
+    let proxy = FaultProxy::start(local(5672)).await;
+    let config = test_config(&database, &broker, |settings| {
+        settings.amqp.url = format!("amqp://guest:guest@{}/%2f", proxy.addr);
+        settings.relay.retry_interval = "200ms".into();
+        settings.relay.publish_timeout = "2s".into();
+    });
+    let seeded = room_events("bcut", EVENTS, 200);
+    seed(&database, &seeded).await;
+    let relay = InProcessRelay::start(&config).await;
+
+    for cut in 1..=3 {
+        broker
+            .wait_for(cut * EVENTS / 5, Duration::from_secs(120))
+            .await;
+        proxy.go_down();
+        // The outage itself: two seconds without a broker.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        proxy.restore();
+    }
+    all_published(&database, Duration::from_secs(180)).await;
+    relay.stop().await;
+    assert!(
+        proxy.accepted() >= 4,
+        "reconnected after each cut ({} connections)",
+        proxy.accepted()
+    );
+
+    let received = broker.wait_for(EVENTS, Duration::from_secs(30)).await;
+    let duplicates = assert_room_order(&received);
+    let distinct: HashSet<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+    for event in &seeded {
+        assert!(
+            distinct.contains(event.event_id.as_str()),
+            "{} lost",
+            event.event_id
+        );
+    }
+    println!(
+        "broker cut test: {} deliveries for {EVENTS} events, {duplicates} duplicates",
+        received.len()
+    );
+    broker.close().await;
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn database_link_cut_for_3s_loses_nothing() {
+    const EVENTS: usize = 20_000;
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("#").await;
+    let proxy = FaultProxy::start(local(5432)).await;
+    let config = test_config(&database, &broker, |settings| {
+        settings.database.url = format!("postgres://postgres@{}/test", proxy.addr);
+    });
+    let seeded = room_events("dbcut", EVENTS, 200);
+    seed(&database, &seeded).await;
+    let relay = InProcessRelay::start(&config).await;
+
+    broker.wait_for(EVENTS / 4, Duration::from_secs(120)).await;
+    proxy.go_down();
+    // The outage itself: three seconds without a database.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.restore();
+    all_published(&database, Duration::from_secs(180)).await;
+    relay.stop().await;
+
+    let received = broker.wait_for(EVENTS, Duration::from_secs(30)).await;
+    let duplicates = assert_room_order(&received);
+    let distinct: HashSet<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+    assert_eq!(distinct.len(), EVENTS, "every event delivered");
+    println!(
+        "database cut test: {} deliveries for {EVENTS} events, {duplicates} duplicates",
+        received.len()
+    );
+    assert_eq!(
+        duplicates, 0,
+        "leases outlived the outage: nothing published twice"
+    );
+    broker.close().await;
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn a_stalled_broker_fails_publishes_on_time_and_sigterm_still_exits() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("#").await;
+    let proxy = FaultProxy::start(local(5672)).await;
+    let settings = test_settings(&database, &broker, |settings| {
+        settings.amqp.url = format!("amqp://guest:guest@{}/%2f", proxy.addr);
+        settings.relay.publish_timeout = "1s".into();
+        settings.relay.retry_interval = "200ms".into();
+    });
+    seed(&database, &room_events("stall", 100, 10)).await;
+    let mut relay = RelayProcess::spawn(crate::RELAY, &settings);
+    broker.wait_for(100, Duration::from_secs(60)).await;
+
+    proxy.stall();
+    seed(&database, &room_events("stalled", 20, 5)).await;
+    eventually(
+        "publishes to fail with a timeout",
+        Duration::from_secs(30),
+        || async {
+            database.rows().await.iter().any(|row| {
+                row.retry_count > 0
+                    && row
+                        .last_error
+                        .as_deref()
+                        .is_some_and(|error| error.contains("no confirm from the broker within 1s"))
+            })
+        },
+    )
+    .await;
+
+    relay.signal("TERM");
+    let signalled = Instant::now();
+    let status = relay.wait(Duration::from_secs(3)).await;
+    assert!(
+        status.success(),
+        "exit {status:?}; log:\n{}",
+        relay.log_text()
+    );
+    assert!(
+        signalled.elapsed() <= Duration::from_secs(3),
+        "publish_timeout + 2 s"
+    );
+    proxy.restore();
+    for row in database.rows().await {
+        assert!(row.locked_by.is_none(), "{} still locked", row.event_id);
+    }
+    broker.close().await;
+    database.drop_table().await;
+}

@@ -1,0 +1,122 @@
+//! A small TCP proxy between the relay and a service, for injecting faults without
+//! touching the shared services: cut every connection, refuse new ones, or stall traffic.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// A proxy listening on an ephemeral loopback port and forwarding to `target`.
+pub struct FaultProxy {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    state: Arc<State>,
+}
+
+struct State {
+    /// Refuse (close at once) new connections.
+    refusing: AtomicBool,
+    /// Forward nothing while set.
+    stalled: AtomicBool,
+    /// Bumped to cut every open connection.
+    cuts: watch::Sender<u64>,
+    /// Connections accepted so far.
+    accepted: AtomicU64,
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `target` (e.g. `127.0.0.1:5672`) on the current runtime.
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy binds");
+        let addr = listener.local_addr().expect("proxy address");
+        let state = Arc::new(State {
+            refusing: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
+            cuts: watch::channel(0).0,
+            accepted: AtomicU64::new(0),
+        });
+        let accepting = Arc::clone(&state);
+        actix_rt::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if accepting.refusing.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                accepting.accepted.fetch_add(1, Ordering::SeqCst);
+                let state = Arc::clone(&accepting);
+                actix_rt::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(target).await {
+                        pipe(client, server, state).await;
+                    }
+                });
+            }
+        });
+        Self { addr, state }
+    }
+
+    /// Closes every open connection; new ones are accepted again at once.
+    pub fn cut(&self) {
+        self.state.cuts.send_modify(|n| *n += 1);
+    }
+
+    /// Cuts every connection and refuses new ones until [`FaultProxy::restore`].
+    pub fn go_down(&self) {
+        self.state.refusing.store(true, Ordering::SeqCst);
+        self.cut();
+    }
+
+    /// Accepts and forwards again.
+    pub fn restore(&self) {
+        self.state.refusing.store(false, Ordering::SeqCst);
+        self.state.stalled.store(false, Ordering::SeqCst);
+    }
+
+    /// Keeps connections open but forwards nothing (a hung peer).
+    pub fn stall(&self) {
+        self.state.stalled.store(true, Ordering::SeqCst);
+    }
+
+    /// Connections accepted so far (reconnections show up here).
+    pub fn accepted(&self) -> u64 {
+        self.state.accepted.load(Ordering::SeqCst)
+    }
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let mut cut = state.cuts.subscribe();
+    cut.mark_unchanged();
+    let up = copy(client_read, server_write, Arc::clone(&state));
+    let down = copy(server_read, client_write, state);
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+        _ = cut.changed() => {}
+    }
+}
+
+async fn copy(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    state: Arc<State>,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // A stalled link holds the bytes back until restored or cut.
+        while state.stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
+    }
+}
