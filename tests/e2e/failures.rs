@@ -180,3 +180,118 @@ async fn max_attempts_turns_an_event_dead(backend: Backend) {
     broker.close().await;
     database.drop_table().await;
 }
+
+#[actix_rt::test]
+async fn permanent_failures_go_dead_at_once_and_transient_ones_are_retried() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("room.#").await;
+    let config = test_config(&database, &broker, |settings| {
+        settings.amqp.routing_key = "{event_type}.{room_id}".into();
+        settings.relay.retry_interval = "100ms".into();
+    });
+    let mut bad_headers = event("bad-headers", "p1", "room.message.posted");
+    bad_headers.headers = Some("[1, 2]".into());
+    let long_key = event("long-key", &"r".repeat(250), "room.message.posted");
+    let transient = event("transient", "p3", "orphan.created");
+    let fine = event("fine", "p4", "room.message.posted");
+    seed(&database, &[bad_headers, long_key, transient, fine]).await;
+    let relay = InProcessRelay::start(&config).await;
+
+    broker.wait_for(1, DEADLINE).await;
+    wait_for_retries(&database, "transient", 2).await;
+    relay.stop().await;
+    for (id, error) in [
+        ("bad-headers", "headers column: not a JSON object"),
+        (
+            "long-key",
+            "routing key of 270 bytes exceeds the AMQP limit",
+        ),
+    ] {
+        let row = database.row(id).await;
+        assert_eq!(row.status, "dead", "{id} is dead at once");
+        assert_eq!(row.retry_count, 1, "{id}: one attempt");
+        let last_error = row.last_error.unwrap_or_default();
+        assert!(
+            last_error.starts_with("cannot be published: "),
+            "{last_error}"
+        );
+        assert!(last_error.contains(error), "{id}: {last_error}");
+    }
+    let transient = database.row("transient").await;
+    assert_eq!(
+        transient.status, "pending",
+        "a transient failure is retried"
+    );
+    assert!(transient
+        .last_error
+        .unwrap_or_default()
+        .starts_with("unroutable"));
+    assert_eq!(ids(&broker.received()), ["fine"]);
+    broker.close().await;
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn dead_events_are_listed_and_requeued_by_id_room_and_all() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("room.#").await;
+    let settings = outbox_tests::test_settings(&database, &broker, |settings| {
+        settings.relay.max_attempts = 1;
+    });
+    let config = settings.clone().validate().unwrap();
+    seed(
+        &database,
+        &[
+            event("a1", "a", "orphan.created"),
+            event("a2", "a", "room.message.posted"),
+            event("b1", "b", "orphan.created"),
+            event("b2", "b", "orphan.updated"),
+            event("c1", "c", "orphan.created"),
+        ],
+    )
+    .await;
+    let relay = InProcessRelay::start(&config).await;
+    eventually("four dead events", DEADLINE, || async {
+        database
+            .rows()
+            .await
+            .iter()
+            .filter(|row| row.status == "dead")
+            .count()
+            == 4
+    })
+    .await;
+    broker.bind("orphan.#").await;
+
+    let dead = |args: &[&str]| {
+        let output = outbox_tests::run_binary(crate::RELAY, &settings, args);
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let room_a = dead(&["dead", "list", "--json", "--room", "a"]);
+    assert_eq!(room_a.lines().count(), 1, "{room_a}");
+    assert!(
+        room_a.contains("\"event_id\":\"a1\"") && room_a.contains("unroutable"),
+        "{room_a}"
+    );
+    let created = dead(&["dead", "list", "--json", "--event-type", "orphan.created"]);
+    assert_eq!(created.lines().count(), 3, "{created}");
+
+    assert!(dead(&["dead", "requeue", "--event-id", "a1"]).contains("requeued 1"));
+    broker.wait_for(2, DEADLINE).await;
+    assert!(dead(&["dead", "requeue", "--room", "b"]).contains("requeued 2"));
+    broker.wait_for(4, DEADLINE).await;
+    assert!(dead(&["dead", "requeue", "--all"]).contains("requeued 1"));
+    let received = ids(&broker.wait_for(5, DEADLINE).await);
+    relay.stop().await;
+    assert_eq!(
+        received,
+        ["a2", "a1", "b1", "b2", "c1"],
+        "requeued rooms in order"
+    );
+    for row in database.rows().await {
+        assert_eq!(row.status, "published", "{}", row.event_id);
+    }
+    broker.close().await;
+    database.drop_table().await;
+}

@@ -160,3 +160,49 @@ async fn a_stalled_broker_fails_publishes_on_time_and_sigterm_still_exits() {
     broker.close().await;
     database.drop_table().await;
 }
+
+#[actix_rt::test]
+async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("#").await;
+    let missing = outbox_tests::unique_name("e2e.missing");
+    let config = test_config(&database, &broker, |settings| {
+        settings.amqp.declare_exchange = false;
+        settings.amqp.routes = vec![outbox_cli::settings::RouteSettings {
+            event_type: "ghost.*".into(),
+            exchange: missing.clone(),
+            routing_key: None,
+        }];
+        settings.relay.publishers = 1;
+        settings.relay.retry_interval = "100ms".into();
+    });
+    let mut events = vec![outbox_store::NewEvent {
+        event_id: "ghost".into(),
+        event_type: "ghost.created".into(),
+        room_id: "g".into(),
+        envelope: "{}".into(),
+        headers: None,
+        available_at: None,
+    }];
+    events.extend(room_events("after", 50, 5));
+    seed(&database, &events).await;
+    let relay = InProcessRelay::start(&config).await;
+
+    broker.wait_for(50, Duration::from_secs(30)).await;
+    eventually(
+        "the ghost event to fail twice",
+        Duration::from_secs(30),
+        || async { database.row("ghost").await.retry_count >= 2 },
+    )
+    .await;
+    relay.stop().await;
+    let ghost = database.row("ghost").await;
+    assert_eq!(ghost.status, "pending");
+    let error = ghost.last_error.unwrap_or_default();
+    assert!(
+        error.contains("NOT_FOUND") || error.contains("no exchange"),
+        "{error}"
+    );
+    broker.close().await;
+    database.drop_table().await;
+}

@@ -6,6 +6,7 @@ use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_core::Router;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -88,6 +89,10 @@ pub struct Broker {
 pub(crate) struct Link {
     settings: Arc<AmqpSettings>,
     state: Mutex<LinkState>,
+    /// Exchanges known to exist. Publishing to a missing exchange makes the broker close
+    /// the channel, failing every other publish in flight on it; checking an unknown
+    /// exchange first, on a throwaway channel, keeps that failure to its own event.
+    exchanges: std::sync::Mutex<HashSet<String>>,
 }
 
 #[derive(Debug)]
@@ -123,7 +128,16 @@ impl Broker {
     pub async fn connect(settings: AmqpSettings) -> Result<Self, AmqpError> {
         let settings = Arc::new(settings);
         let connection = open(&settings).await?;
+        let declared = if settings.declare_exchange {
+            exchanges(&settings.router)
+                .into_iter()
+                .map(str::to_owned)
+                .collect()
+        } else {
+            HashSet::new()
+        };
         let link = Link {
+            exchanges: std::sync::Mutex::new(declared),
             settings,
             state: Mutex::new(LinkState {
                 connection: Some(Arc::new(connection)),
@@ -238,6 +252,39 @@ impl Link {
         }
     }
 
+    /// Checks once that `exchange` exists (a passive declare on a throwaway channel).
+    pub(crate) async fn verify_exchange(&self, exchange: &str) -> Result<(), String> {
+        if exchange.is_empty() || self.exchanges.lock().unwrap().contains(exchange) {
+            return Ok(());
+        }
+        let connection = self.connection().await.map_err(|error| error.to_string())?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|error| error.to_string())?;
+        let options = ExchangeDeclareOptions {
+            passive: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        let kind = exchange_kind(&self.settings.exchange_type);
+        match channel
+            .exchange_declare(exchange.into(), kind, options, FieldTable::default())
+            .await
+        {
+            Ok(()) => {
+                let _ = channel.close(200, "exchange checked".into()).await;
+                self.exchanges.lock().unwrap().insert(exchange.to_owned());
+                Ok(())
+            }
+            Err(error) => Err(format!("exchange {exchange:?} is not usable: {error}")),
+        }
+    }
+
+    /// Forgets that `exchange` exists (it was deleted under us).
+    pub(crate) fn forget_exchange(&self, exchange: &str) {
+        self.exchanges.lock().unwrap().remove(exchange);
+    }
+
     /// A new channel in confirm mode on the current connection.
     pub(crate) async fn confirm_channel(&self) -> Result<Channel, AmqpError> {
         let connection = self.connection().await?;
@@ -253,6 +300,17 @@ impl Link {
     }
 }
 
+/// Every exchange the routes name, the default first.
+fn exchanges(router: &Router) -> Vec<&str> {
+    let mut exchanges: Vec<&str> = vec![router.exchange.as_str()];
+    for route in &router.routes {
+        if !exchanges.contains(&route.exchange.as_str()) {
+            exchanges.push(route.exchange.as_str());
+        }
+    }
+    exchanges
+}
+
 async fn declare_topology(
     connection: &Connection,
     settings: &AmqpSettings,
@@ -261,11 +319,7 @@ async fn declare_topology(
         .create_channel()
         .await
         .map_err(AmqpError::Channel)?;
-    let router = &settings.router;
-    let mut exchanges: Vec<&str> = vec![router.exchange.as_str()];
-    exchanges.extend(router.routes.iter().map(|route| route.exchange.as_str()));
-    exchanges.dedup();
-    for exchange in exchanges {
+    for exchange in exchanges(&settings.router) {
         // The default exchange ("") exists and cannot be declared.
         if exchange.is_empty() {
             continue;

@@ -5,6 +5,9 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use outbox_core::{OutboxRecord, PublishError};
 
+/// RabbitMQ's default `max_message_size` (128 MiB): larger bodies are refused by the broker.
+pub const MAX_BODY_BYTES: usize = 128 * 1024 * 1024;
+
 /// What every message of this relay shares.
 #[derive(Debug, Clone)]
 pub struct MessageSettings {
@@ -12,6 +15,16 @@ pub struct MessageSettings {
     pub content_type: String,
     /// `node_id` header.
     pub node_id: String,
+}
+
+/// A body over the broker's limit can never be published: a permanent failure.
+pub fn check_body(length: usize, limit: usize) -> Result<(), PublishError> {
+    if length > limit {
+        return Err(PublishError::Invalid(format!(
+            "envelope of {length} bytes exceeds the broker's maximum message size of {limit} bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// Properties and headers of `record`. A `headers` column that is not a JSON object of
@@ -117,6 +130,17 @@ mod tests {
         assert_eq!(
             headers.get("traceparent"),
             Some(&long_string("00-ab".into()))
+        );
+    }
+
+    #[test]
+    fn bodies_over_the_broker_limit_are_permanent_failures() {
+        assert!(check_body(MAX_BODY_BYTES, MAX_BODY_BYTES).is_ok());
+        let error = check_body(MAX_BODY_BYTES + 1, MAX_BODY_BYTES).unwrap_err();
+        assert!(error.is_permanent());
+        assert!(
+            error.to_string().contains("maximum message size"),
+            "{error}"
         );
     }
 

@@ -1,7 +1,7 @@
 //! [`AmqpPublisher`]: the [`EventPublisher`] port on one confirm channel.
 
 use crate::broker::Link;
-use crate::message::properties;
+use crate::message::{check_body, properties, MAX_BODY_BYTES};
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation};
@@ -64,6 +64,11 @@ impl EventPublisher for AmqpPublisher {
             .router
             .route(&record.event_type, &record.room_id)
             .map_err(|error| PublishError::Invalid(error.to_string()))?;
+        check_body(record.envelope.len(), MAX_BODY_BYTES)?;
+        timeout_at(deadline, self.link.verify_exchange(exchange))
+            .await
+            .map_err(|_| PublishError::Timeout(timeout))?
+            .map_err(PublishError::Channel)?;
         let properties = properties(record, &settings.message)?;
         let channel = timeout_at(deadline, self.channel())
             .await
@@ -84,10 +89,16 @@ impl EventPublisher for AmqpPublisher {
             .map_err(|_| PublishError::Timeout(timeout))?
             .map_err(channel_error)?;
         let exchange = exchange.to_owned();
+        let link = Arc::clone(&self.link);
         Ok(Box::pin(async move {
             match timeout_at(deadline, confirm).await {
                 Err(_) => Err(PublishError::Timeout(timeout)),
-                Ok(Err(error)) => Err(channel_error(error)),
+                Ok(Err(error)) => {
+                    if error.to_string().contains("NOT_FOUND") {
+                        link.forget_exchange(&exchange);
+                    }
+                    Err(channel_error(error))
+                }
                 // With `mandatory`, an unroutable message comes back as an ack that
                 // carries the returned message: only a bare ack is a success.
                 Ok(Ok(Confirmation::Ack(None))) => Ok(()),

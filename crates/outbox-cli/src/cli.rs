@@ -59,6 +59,12 @@ pub enum DeadCommand {
         /// At most this many rows, oldest first.
         #[arg(long, default_value_t = 100)]
         limit: u64,
+        /// Only this room's dead events.
+        #[arg(long)]
+        room: Option<String>,
+        /// Only dead events of this type.
+        #[arg(long)]
+        event_type: Option<String>,
     },
     /// Make dead events pending again (retry_count 0, available now).
     Requeue {

@@ -5,7 +5,8 @@ use crate::scheduler::Wake;
 use actix::prelude::*;
 use outbox_core::{ClaimRequest, OutboxStore};
 use std::sync::Arc;
-use tracing::{debug, warn};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
 
 /// "Claim now" (from the Scheduler).
 #[derive(Message, Debug)]
@@ -79,7 +80,14 @@ pub struct Fetcher {
     max_in_flight: usize,
     /// Shutdown has begun: no more claims.
     stopped: bool,
+    /// After a failed claim: no claim before this instant (capped exponential backoff).
+    retry_at: Option<Instant>,
+    /// The backoff after the next failed claim.
+    backoff: Duration,
 }
+
+const FIRST_CLAIM_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(10);
 
 impl Fetcher {
     /// A fetcher claiming `request.limit` rows at a time with at most `max_in_flight`
@@ -103,6 +111,8 @@ impl Fetcher {
             in_flight: 0,
             max_in_flight: max_in_flight.max(1),
             stopped: false,
+            retry_at: None,
+            backoff: FIRST_CLAIM_BACKOFF,
         }
     }
 }
@@ -125,7 +135,7 @@ impl Actor for Fetcher {
     fn started(&mut self, ctx: &mut Self::Context) {
         // Renew this node's leases well before they expire: rows may stay in flight longer
         // than a lease when the broker or the database is slow.
-        let every = (self.request.lease / 3).max(std::time::Duration::from_millis(100));
+        let every = (self.request.lease / 3).max(Duration::from_millis(100));
         ctx.run_interval(every, |fetcher, ctx| {
             if fetcher.stopped || fetcher.in_flight == 0 {
                 return;
@@ -151,7 +161,8 @@ impl Handler<Tick> for Fetcher {
 
     fn handle(&mut self, _: Tick, _: &mut Self::Context) -> Self::Result {
         let room = self.max_in_flight.saturating_sub(self.in_flight);
-        if self.stopped || room == 0 {
+        let backing_off = self.retry_at.is_some_and(|at| Instant::now() < at);
+        if self.stopped || room == 0 || backing_off {
             return AtomicResponse::new(Box::pin(fut::ready(TickReport::default())));
         }
         let mut request = self.request.clone();
@@ -166,6 +177,10 @@ impl Handler<Tick> for Fetcher {
             .into_actor(self)
             .map(|(limit, claimed, took), fetcher, _| match claimed {
                 Ok(records) => {
+                    if fetcher.retry_at.take().is_some() {
+                        info!("database available again; claiming");
+                    }
+                    fetcher.backoff = FIRST_CLAIM_BACKOFF;
                     let claimed = records.len();
                     fetcher.in_flight += claimed;
                     let pool = fetcher.publishers.len();
@@ -182,8 +197,15 @@ impl Handler<Tick> for Fetcher {
                     }
                 }
                 Err(error) => {
-                    // The next tick retries; the rows stay pending and unclaimed.
-                    warn!(%error, "claim failed; retrying at the next tick");
+                    // The rows stay pending and unclaimed; a later tick retries once the
+                    // backoff has passed. The transition is logged once, not every retry.
+                    if fetcher.retry_at.is_none() {
+                        warn!(%error, "database unavailable: claims fail; retrying with backoff");
+                    } else {
+                        debug!(%error, retry_in = ?fetcher.backoff, "claim failed again");
+                    }
+                    fetcher.retry_at = Some(Instant::now() + fetcher.backoff);
+                    fetcher.backoff = (fetcher.backoff * 2).min(MAX_CLAIM_BACKOFF);
                     TickReport::default()
                 }
             }),
@@ -230,7 +252,6 @@ mod tests {
     use crate::fakes::{eventually, record, Collector, FakeStore};
     use outbox_core::Ordering;
     use std::sync::atomic::Ordering as AtomicOrdering;
-    use std::time::Duration;
 
     fn fetcher(
         store: Arc<FakeStore>,

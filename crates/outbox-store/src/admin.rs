@@ -24,6 +24,15 @@ pub struct DeadEvent {
     pub created_at: DateTime<Utc>,
 }
 
+/// Which dead events to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadFilter {
+    /// Only this room.
+    pub room: Option<String>,
+    /// Only this event type.
+    pub event_type: Option<String>,
+}
+
 /// Which dead events to requeue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requeue {
@@ -36,14 +45,28 @@ pub enum Requeue {
 }
 
 impl SeaOrmStore {
-    /// Dead events, oldest first.
-    pub async fn dead_events(&self, limit: u64) -> Result<Vec<DeadEvent>, DbErr> {
+    /// Dead events matching `filter`, oldest first.
+    pub async fn dead_events(
+        &self,
+        filter: &DeadFilter,
+        limit: u64,
+    ) -> Result<Vec<DeadEvent>, DbErr> {
         let t = self.table();
         let mut params = Params::new(self.connection().get_database_backend());
+        let mut conditions = String::new();
+        if let Some(room) = &filter.room {
+            conditions.push_str(&format!(" AND room_id = {}", params.bind(room.as_str())));
+        }
+        if let Some(event_type) = &filter.event_type {
+            conditions.push_str(&format!(
+                " AND event_type = {}",
+                params.bind(event_type.as_str())
+            ));
+        }
         let limit = params.bind(i64::try_from(limit).unwrap_or(i64::MAX));
         DeadEvent::find_by_statement(params.statement(format!(
             "SELECT id, event_id, event_type, room_id, retry_count, last_error, created_at \
-             FROM {t} WHERE status = 'dead' ORDER BY id LIMIT {limit}"
+             FROM {t} WHERE status = 'dead'{conditions} ORDER BY id LIMIT {limit}"
         )))
         .all(self.connection())
         .await

@@ -16,7 +16,7 @@ pub mod producer;
 pub mod sql;
 pub mod store;
 
-pub use admin::{DeadEvent, Requeue};
+pub use admin::{DeadEvent, DeadFilter, Requeue};
 pub use migration::migrate;
 pub use producer::{insert_events, NewEvent};
 pub use sql::{TableName, TableNameError};

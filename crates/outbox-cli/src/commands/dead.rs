@@ -3,7 +3,7 @@
 use crate::cli::DeadCommand;
 use crate::settings::Config;
 use crate::startup::open_store;
-use outbox_store::Requeue;
+use outbox_store::{DeadFilter, Requeue};
 use serde_json::json;
 use tracing::info;
 
@@ -11,8 +11,14 @@ use tracing::info;
 pub async fn dead(config: Config, command: DeadCommand) -> anyhow::Result<()> {
     let store = open_store(&config, false).await?;
     match command {
-        DeadCommand::List { json, limit } => {
-            let events = store.dead_events(limit).await?;
+        DeadCommand::List {
+            json,
+            limit,
+            room,
+            event_type,
+        } => {
+            let filter = DeadFilter { room, event_type };
+            let events = store.dead_events(&filter, limit).await?;
             for event in &events {
                 if json {
                     println!(
