@@ -185,16 +185,25 @@ async fn max_attempts_turns_an_event_dead(backend: Backend) {
 async fn permanent_failures_go_dead_at_once_and_transient_ones_are_retried() {
     let database = TestDatabase::new(Backend::Postgres).await;
     let broker = TestBroker::new("room.#").await;
-    let config = test_config(&database, &broker, |settings| {
+    let mut config = test_config(&database, &broker, |settings| {
         settings.amqp.routing_key = "{event_type}.{room_id}".into();
         settings.relay.retry_interval = "100ms".into();
     });
+    // As if the broker's max_message_size were 1 KiB (its default, 128 MiB, is too big
+    // to insert in a test).
+    config.amqp.message.max_body_bytes = 1024;
+    let mut too_big = event("too-big", "p5", "room.message.posted");
+    too_big.envelope = "x".repeat(1025);
     let mut bad_headers = event("bad-headers", "p1", "room.message.posted");
     bad_headers.headers = Some("[1, 2]".into());
     let long_key = event("long-key", &"r".repeat(250), "room.message.posted");
     let transient = event("transient", "p3", "orphan.created");
     let fine = event("fine", "p4", "room.message.posted");
-    seed(&database, &[bad_headers, long_key, transient, fine]).await;
+    seed(
+        &database,
+        &[bad_headers, long_key, transient, fine, too_big],
+    )
+    .await;
     let relay = InProcessRelay::start(&config).await;
 
     broker.wait_for(1, DEADLINE).await;
@@ -205,6 +214,10 @@ async fn permanent_failures_go_dead_at_once_and_transient_ones_are_retried() {
         (
             "long-key",
             "routing key of 270 bytes exceeds the AMQP limit",
+        ),
+        (
+            "too-big",
+            "envelope of 1025 bytes exceeds the broker's maximum message size of 1024 bytes",
         ),
     ] {
         let row = database.row(id).await;

@@ -15,6 +15,9 @@ pub struct MessageSettings {
     pub content_type: String,
     /// `node_id` header.
     pub node_id: String,
+    /// Larger envelopes are refused before publishing (permanent failure): the broker's
+    /// `max_message_size`, [`MAX_BODY_BYTES`] unless the broker is configured otherwise.
+    pub max_body_bytes: usize,
 }
 
 /// A body over the broker's limit can never be published: a permanent failure.
@@ -108,6 +111,7 @@ mod tests {
         MessageSettings {
             content_type: "application/json".into(),
             node_id: "node-a".into(),
+            max_body_bytes: MAX_BODY_BYTES,
         }
     }
 

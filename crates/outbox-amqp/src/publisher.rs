@@ -1,7 +1,7 @@
 //! [`AmqpPublisher`]: the [`EventPublisher`] port on one confirm channel.
 
 use crate::broker::Link;
-use crate::message::{check_body, properties, MAX_BODY_BYTES};
+use crate::message::{check_body, properties};
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation};
@@ -64,7 +64,7 @@ impl EventPublisher for AmqpPublisher {
             .router
             .route(&record.event_type, &record.room_id)
             .map_err(|error| PublishError::Invalid(error.to_string()))?;
-        check_body(record.envelope.len(), MAX_BODY_BYTES)?;
+        check_body(record.envelope.len(), settings.message.max_body_bytes)?;
         timeout_at(deadline, self.link.verify_exchange(exchange))
             .await
             .map_err(|_| PublishError::Timeout(timeout))?

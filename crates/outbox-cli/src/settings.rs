@@ -490,6 +490,7 @@ impl Settings {
                 router,
                 message: MessageSettings {
                     content_type: self.amqp.content_type.clone(),
+                    max_body_bytes: outbox_amqp::message::MAX_BODY_BYTES,
                     node_id,
                 },
                 publish_timeout: options.publish_timeout,
