@@ -1,0 +1,145 @@
+//! The bare lapin publisher the relay is measured against: the same message size and
+//! queue, confirms pipelined with a bounded window.
+
+use anyhow::Context as _;
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// The broker URL of the benchmarks.
+pub fn amqp_url() -> String {
+    std::env::var("OUTBOX_BENCH_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// Best publish rate over the tried windows.
+#[derive(Debug, Clone, Copy)]
+pub struct Baseline {
+    /// Messages per run.
+    pub events: usize,
+    /// Messages per second of the best window.
+    pub rate: f64,
+    /// That window.
+    pub window: usize,
+}
+
+impl Baseline {
+    /// Prints the table line and the JSON line.
+    pub fn print(self) {
+        println!(
+            "baseline: {} messages, best window {}: {:.0} msg/s",
+            self.events, self.window, self.rate
+        );
+        println!(
+            "{}",
+            serde_json::json!({"scenario": "baseline", "events": self.events, "window": self.window, "events_per_sec": self.rate.round()})
+        );
+    }
+}
+
+/// Publishes `events` 512-byte persistent messages to a durable topic exchange bound to one
+/// durable queue, with 256 and then 1024 confirms in flight; returns the better run.
+pub async fn run(events: usize) -> anyhow::Result<Baseline> {
+    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .context("cannot connect to RabbitMQ (start it with `rabbitmq-server -detached`)")?;
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let name = format!("bench.baseline.{}", std::process::id());
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    channel
+        .exchange_declare(
+            name.as_str().into(),
+            ExchangeKind::Topic,
+            durable,
+            FieldTable::default(),
+        )
+        .await?;
+    let queue_options = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(name.as_str().into(), queue_options, FieldTable::default())
+        .await?;
+    channel
+        .queue_bind(
+            name.as_str().into(),
+            name.as_str().into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let body = vec![b'x'; 512];
+    let mut best = Baseline {
+        events,
+        rate: 0.0,
+        window: 0,
+    };
+    for window in [256, 1024] {
+        let started = Instant::now();
+        let mut in_flight = VecDeque::with_capacity(window);
+        for _ in 0..events {
+            if in_flight.len() == window {
+                expect_ack(in_flight.pop_front()).await?;
+            }
+            let confirm = channel
+                .basic_publish(
+                    name.as_str().into(),
+                    "bench.event".into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &body,
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await?;
+            in_flight.push_back(confirm);
+        }
+        while let Some(confirm) = in_flight.pop_front() {
+            expect_ack(Some(confirm)).await?;
+        }
+        let rate = events as f64 / started.elapsed().as_secs_f64();
+        if rate > best.rate {
+            best = Baseline {
+                events,
+                rate,
+                window,
+            };
+        }
+        channel
+            .queue_purge(name.as_str().into(), Default::default())
+            .await?;
+    }
+    channel
+        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    channel
+        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+        .await?;
+    let _ = channel.close(200, "done".into()).await;
+    let _ = connection.close(200, "done".into()).await;
+    Ok(best)
+}
+
+async fn expect_ack(confirm: Option<lapin::PublisherConfirm>) -> anyhow::Result<()> {
+    if let Some(confirm) = confirm {
+        match confirm.await? {
+            Confirmation::Ack(None) => {}
+            other => anyhow::bail!("baseline publish not acked: {other:?}"),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! `outbox-bench`: how fast the relay moves events, next to what the broker itself takes.
+//!
+//! Scenarios print a readable table and one JSON line:
+//! - `drain`: pre-fill N events, start the relay in-process, time until every event is
+//!   delivered to a consumer and marked; then (unless `--no-baseline`) the `baseline`
+//!   scenario in the same run, and the ratio of the two.
+//! - `baseline`: a bare lapin publisher with pipelined confirms (best of windows 256, 1024).
+//! - `latency`: a producer inserts one event per transaction at a steady rate; a consumer
+//!   records insert → delivery time.
+
+mod baseline;
+mod process;
+mod scenario;
+
+use clap::{Args, Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Benchmarks of outbox-relay against a raw lapin baseline, on local services.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Debug, Subcommand)]
+enum Scenario {
+    /// Relay a pre-filled backlog; measure events/s, CPU per event, peak RSS.
+    Drain(scenario::DrainArgs),
+    /// A bare lapin publisher with pipelined confirms.
+    Baseline(BaselineArgs),
+    /// Commit → delivery latency at a steady insert rate.
+    Latency(scenario::LatencyArgs),
+}
+
+/// `baseline` options.
+#[derive(Debug, Args)]
+struct BaselineArgs {
+    /// Messages to publish per window size.
+    #[arg(long, default_value_t = 100_000)]
+    events: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let system = actix_rt::System::new();
+    let result = system.block_on(async move {
+        match cli.scenario {
+            Scenario::Drain(args) => scenario::drain(args).await,
+            Scenario::Baseline(args) => baseline::run(args.events)
+                .await
+                .map(|result| result.print()),
+            Scenario::Latency(args) => scenario::latency(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
