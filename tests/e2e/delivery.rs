@@ -101,3 +101,27 @@ async fn sqlite_delivers_10k_events_once_in_room_order() {
 async fn mariadb_delivers_10k_events_once_in_room_order() {
     delivers_every_event_once_in_room_order(Backend::MySql, 10_000, 100).await;
 }
+
+#[actix_rt::test]
+async fn postgres_wake_ups_deliver_without_waiting_for_the_poll() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("#").await;
+    let config = test_config(&database, &broker, |settings| {
+        settings.relay.poll_interval = "60s".into();
+    });
+    seed(&database, &room_events("before", 1, 1)).await;
+    let relay = InProcessRelay::start(&config).await;
+    // The first tick delivers this one; after it, only a wake-up can trigger a claim.
+    broker.wait_for(1, Duration::from_secs(10)).await;
+    let inserted = std::time::Instant::now();
+    seed(&database, &room_events("after", 1, 1)).await;
+    broker.wait_for(2, Duration::from_secs(10)).await;
+    let waited = inserted.elapsed();
+    relay.stop().await;
+    assert!(
+        waited < Duration::from_secs(5),
+        "delivered after {waited:?}, not at the 60 s poll"
+    );
+    broker.close().await;
+    database.drop_table().await;
+}

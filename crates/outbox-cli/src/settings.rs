@@ -49,6 +49,9 @@ pub struct DatabaseSettings {
     pub max_connections: i64,
     /// Create or upgrade the table when `run` or `demo` starts.
     pub migrate_on_start: bool,
+    /// PostgreSQL: LISTEN for the insert trigger's NOTIFY and claim at once (polling stays
+    /// as the fallback). Ignored on other backends, which poll.
+    pub notify: bool,
 }
 
 /// `[amqp]`
@@ -141,6 +144,7 @@ impl Default for DatabaseSettings {
             table: "room_outbox".into(),
             max_connections: 10,
             migrate_on_start: true,
+            notify: true,
         }
     }
 }
@@ -236,6 +240,8 @@ pub struct DatabaseConfig {
     pub max_connections: u32,
     /// Migrate when `run` or `demo` starts.
     pub migrate_on_start: bool,
+    /// LISTEN for insert notifications (PostgreSQL).
+    pub notify: bool,
 }
 
 /// Validated logging settings.
@@ -481,6 +487,7 @@ impl Settings {
                 table,
                 max_connections: u32::try_from(max_connections).unwrap_or(u32::MAX),
                 migrate_on_start: self.database.migrate_on_start,
+                notify: self.database.notify,
             },
             amqp: AmqpSettings {
                 url: amqp_url,

@@ -2,13 +2,16 @@
 //! the end-to-end tests.
 
 use crate::settings::Config;
+use actix::Recipient;
 use anyhow::Context as _;
 use outbox_amqp::Broker;
 use outbox_core::EventPublisher;
-use outbox_relay::Relay;
-use outbox_store::SeaOrmStore;
+use outbox_relay::{Relay, Wake};
+use outbox_store::{InsertListener, SeaOrmStore};
+use sea_orm::{ConnectionTrait, DbBackend};
 use std::sync::Arc;
-use tracing::info;
+use std::time::Duration;
+use tracing::{debug, info, warn};
 
 /// Connects to the database; migrates first when `migrate` is set.
 pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<SeaOrmStore> {
@@ -52,5 +55,50 @@ pub async fn start_relay(
     for _ in 0..config.relay.publishers {
         ports.push(Arc::new(broker.publisher().await?));
     }
-    Ok(Relay::start(Arc::new(store.clone()), ports, config.relay.clone()).await?)
+    let mut relay = Relay::start(Arc::new(store.clone()), ports, config.relay.clone()).await?;
+    if config.database.notify && store.connection().get_database_backend() == DbBackend::Postgres {
+        let wake_ups = spawn_wake_ups(config, relay.waker());
+        relay.attach(wake_ups);
+    }
+    Ok(relay)
+}
+
+/// LISTENs for the insert trigger's NOTIFY and wakes the relay; reconnects with backoff
+/// when the listening connection is lost (and wakes the relay then, since notifications
+/// may have been missed). Polling goes on regardless, so a lost listener only costs latency.
+fn spawn_wake_ups(config: &Config, waker: Recipient<Wake>) -> actix_rt::task::JoinHandle<()> {
+    let url = config.database.url.clone();
+    let table = config.database.table.clone();
+    actix_rt::spawn(async move {
+        let mut listener = match InsertListener::connect(&url, &table).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                warn!(%error, "cannot LISTEN for inserts; relying on polling");
+                return;
+            }
+        };
+        debug!(channel = %table, "listening for inserts");
+        let mut backoff = Duration::from_millis(100);
+        let mut failing = false;
+        while waker.connected() {
+            match listener.wait().await {
+                Ok(()) => {
+                    if failing {
+                        info!("insert listener reconnected");
+                        failing = false;
+                        backoff = Duration::from_millis(100);
+                    }
+                    waker.do_send(Wake);
+                }
+                Err(error) => {
+                    if !failing {
+                        warn!(%error, "insert listener lost its connection; polling until it reconnects");
+                        failing = true;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    })
 }

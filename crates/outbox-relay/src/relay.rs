@@ -29,6 +29,8 @@ pub struct Relay {
     ports: Vec<Arc<dyn EventPublisher>>,
     store: Arc<dyn OutboxStore>,
     options: RelayOptions,
+    /// Tasks that feed the relay (database wake-ups); they end with it.
+    helpers: Vec<actix_rt::task::JoinHandle<()>>,
 }
 
 impl Relay {
@@ -112,7 +114,19 @@ impl Relay {
             ports,
             store,
             options,
+            helpers: Vec::new(),
         })
+    }
+
+    /// Where to send [`crate::Wake`] to make the relay claim at once (database wake-ups).
+    pub fn waker(&self) -> Recipient<crate::Wake> {
+        self.scheduler.clone().recipient()
+    }
+
+    /// Ties a helper task to the relay: it is aborted when the relay shuts down (on the
+    /// relay's runtime, where its resources can still be closed).
+    pub fn attach(&mut self, helper: actix_rt::task::JoinHandle<()>) {
+        self.helpers.push(helper);
     }
 
     /// The options the relay runs with.
@@ -131,6 +145,9 @@ impl Relay {
     }
 
     async fn drain(&self) {
+        for helper in &self.helpers {
+            helper.abort();
+        }
         self.scheduler.do_send(StopTicking);
         let _ = self.fetcher.send(StopClaiming).await;
         // `send` enqueues at once: every publisher drains concurrently.

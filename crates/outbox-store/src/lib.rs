@@ -4,6 +4,7 @@
 //! - [`admin`]: operator queries (dead events, requeue).
 //! - [`entity`]: the row as sea-orm sees it.
 //! - [`migration`]: creating and upgrading the table and its indexes.
+//! - [`notify`]: LISTEN for the insert trigger's NOTIFY (PostgreSQL wake-ups).
 //! - [`producer`]: inserting events (the demo, tests, and Rust producers).
 //! - [`sql`]: backend-aware statement building (placeholders, timestamps, table names).
 //! - [`store`]: [`SeaOrmStore`], the implementation of the [`outbox_core::OutboxStore`] port:
@@ -12,12 +13,14 @@
 pub mod admin;
 pub mod entity;
 pub mod migration;
+pub mod notify;
 pub mod producer;
 pub mod sql;
 pub mod store;
 
 pub use admin::{DeadEvent, DeadFilter, Requeue};
 pub use migration::migrate;
+pub use notify::InsertListener;
 pub use producer::{insert_events, NewEvent};
 pub use sql::{TableName, TableNameError};
 pub use store::{connect, SeaOrmStore};

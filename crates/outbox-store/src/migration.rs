@@ -25,7 +25,31 @@ const MIGRATIONS: &[Migration] = &[
         name: "m20261202_000002_create_room_outbox_lock",
         statements: create_lock,
     },
+    Migration {
+        name: "m20261202_000003_create_room_outbox_notify",
+        statements: create_notify,
+    },
 ];
+
+/// PostgreSQL: NOTIFY the channel named after the table once per INSERT statement (not
+/// per row), delivered at commit; the relay LISTENs and claims at once. Other backends
+/// keep polling.
+fn create_notify(backend: DbBackend, t: &str) -> Vec<String> {
+    if backend != DbBackend::Postgres {
+        return Vec::new();
+    }
+    vec![
+        format!(
+            "CREATE OR REPLACE FUNCTION {t}_notify() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_notify('{t}', ''); RETURN NULL; END $$"
+        ),
+        format!("DROP TRIGGER IF EXISTS {t}_notify ON {t}"),
+        format!(
+            "CREATE TRIGGER {t}_notify AFTER INSERT ON {t} \
+             FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()"
+        ),
+    ]
+}
 
 /// `<table>_lock`: one row whose row lock serialises per-room claims across nodes
 /// (see `SeaOrmStore::take_claim_lock`). SQLite serialises writers by itself.
