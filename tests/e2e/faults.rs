@@ -12,17 +12,6 @@ fn local(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-async fn all_published(database: &TestDatabase, deadline: Duration) {
-    eventually("every row published", deadline, || async {
-        database
-            .rows()
-            .await
-            .iter()
-            .all(|row| row.status == "published")
-    })
-    .await;
-}
-
 #[actix_rt::test]
 async fn broker_link_cut_three_times_loses_nothing_and_recovers_by_itself() {
     const EVENTS: usize = 20_000;
@@ -47,7 +36,7 @@ async fn broker_link_cut_three_times_loses_nothing_and_recovers_by_itself() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         proxy.restore();
     }
-    all_published(&database, Duration::from_secs(180)).await;
+    database.wait_all_published(Duration::from_secs(180)).await;
     relay.stop().await;
     assert!(
         proxy.accepted() >= 4,
@@ -91,7 +80,7 @@ async fn database_link_cut_for_3s_loses_nothing() {
     // The outage itself: three seconds without a database.
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.restore();
-    all_published(&database, Duration::from_secs(180)).await;
+    database.wait_all_published(Duration::from_secs(180)).await;
     relay.stop().await;
 
     let received = broker.wait_for(EVENTS, Duration::from_secs(30)).await;

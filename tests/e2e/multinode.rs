@@ -23,17 +23,6 @@ fn node_settings(
     })
 }
 
-async fn all_published(database: &TestDatabase, deadline: Duration) {
-    eventually("every row published", deadline, || async {
-        database
-            .rows()
-            .await
-            .iter()
-            .all(|row| row.status == "published")
-    })
-    .await;
-}
-
 async fn three_nodes_deliver_everything_once_in_room_order(backend: Backend) {
     const EVENTS: usize = 30_000;
     let database = TestDatabase::new(backend).await;
@@ -48,7 +37,7 @@ async fn three_nodes_deliver_everything_once_in_room_order(backend: Backend) {
         })
         .collect();
 
-    all_published(&database, Duration::from_secs(240)).await;
+    database.wait_all_published(Duration::from_secs(240)).await;
     let received = broker.wait_for(EVENTS, Duration::from_secs(30)).await;
     for node in nodes {
         node.stop(Duration::from_secs(5)).await;
@@ -95,7 +84,7 @@ async fn a_killed_node_loses_nothing_and_others_take_over_after_its_lease() {
     victim.signal("KILL");
     victim.wait(Duration::from_secs(5)).await;
 
-    all_published(&database, Duration::from_secs(240)).await;
+    database.wait_all_published(Duration::from_secs(240)).await;
     let received = broker.wait_for(EVENTS, Duration::from_secs(30)).await;
     for node in nodes {
         node.stop(Duration::from_secs(5)).await;
@@ -212,7 +201,7 @@ async fn per_room_order_holds_while_producers_insert_concurrently() {
     for producer in producers {
         producer.await.expect("producer finished");
     }
-    all_published(&database, Duration::from_secs(240)).await;
+    database.wait_all_published(Duration::from_secs(240)).await;
     let received = broker
         .wait_for(PRODUCERS * PER_PRODUCER, Duration::from_secs(30))
         .await;

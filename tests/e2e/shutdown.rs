@@ -1,7 +1,7 @@
 //! SIGTERM on the real binary (DESIGN §7).
 
 use outbox_tests::{
-    eventually, room_events, seed, test_settings, Backend, RelayProcess, TestBroker, TestDatabase,
+    room_events, seed, test_settings, Backend, RelayProcess, TestBroker, TestDatabase,
 };
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -66,18 +66,7 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
     }
 
     let second = RelayProcess::spawn(crate::RELAY, &settings);
-    eventually(
-        "every row published by the second run",
-        Duration::from_secs(120),
-        || async {
-            database
-                .rows()
-                .await
-                .iter()
-                .all(|row| row.status == "published")
-        },
-    )
-    .await;
+    database.wait_all_published(Duration::from_secs(120)).await;
     second.stop(Duration::from_secs(5)).await;
 
     let deliveries = broker.wait_for(EVENTS, Duration::from_secs(30)).await;

@@ -84,6 +84,17 @@ impl TestDatabase {
             .expect("rows readable")
     }
 
+    /// Waits until every row is `published`.
+    pub async fn wait_all_published(&self, deadline: std::time::Duration) {
+        crate::eventually("every row published", deadline, || async {
+            self.rows()
+                .await
+                .iter()
+                .all(|row| row.status == "published")
+        })
+        .await;
+    }
+
     /// The row of `event_id`.
     pub async fn row(&self, event_id: &str) -> Model {
         self.rows()
