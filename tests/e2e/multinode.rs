@@ -2,8 +2,8 @@
 
 use outbox_store::NewEvent;
 use outbox_tests::{
-    assert_room_order, eventually, room_events, seed, test_settings, Backend, RelayProcess,
-    TestBroker, TestDatabase,
+    assert_every_event_delivered, assert_room_order, eventually, room_events, seed, test_settings,
+    Backend, RelayProcess, TestBroker, TestDatabase,
 };
 use std::collections::HashSet;
 use std::time::Duration;
@@ -23,19 +23,20 @@ fn node_settings(
     })
 }
 
+fn spawn_nodes(database: &TestDatabase, broker: &TestBroker, lease: &str) -> Vec<RelayProcess> {
+    (0..NODES)
+        .map(|node| {
+            RelayProcess::spawn(crate::RELAY, &node_settings(database, broker, node, lease))
+        })
+        .collect()
+}
+
 async fn three_nodes_deliver_everything_once_in_room_order(backend: Backend) {
     const EVENTS: usize = 30_000;
     let database = TestDatabase::new(backend).await;
     let broker = TestBroker::new("#").await;
     seed(&database, &room_events("mn", EVENTS, 300)).await;
-    let nodes: Vec<RelayProcess> = (0..NODES)
-        .map(|node| {
-            RelayProcess::spawn(
-                crate::RELAY,
-                &node_settings(&database, &broker, node, "30s"),
-            )
-        })
-        .collect();
+    let nodes = spawn_nodes(&database, &broker, "30s");
 
     database.wait_all_published(Duration::from_secs(240)).await;
     let received = broker.wait_for(EVENTS, Duration::from_secs(30)).await;
@@ -72,12 +73,9 @@ async fn a_killed_node_loses_nothing_and_others_take_over_after_its_lease() {
     const EVENTS: usize = 30_000;
     let database = TestDatabase::new(Backend::Postgres).await;
     let broker = TestBroker::new("#").await;
-    seed(&database, &room_events("kill", EVENTS, 300)).await;
-    let mut nodes: Vec<RelayProcess> = (0..NODES)
-        .map(|node| {
-            RelayProcess::spawn(crate::RELAY, &node_settings(&database, &broker, node, "3s"))
-        })
-        .collect();
+    let seeded = room_events("kill", EVENTS, 300);
+    seed(&database, &seeded).await;
+    let mut nodes = spawn_nodes(&database, &broker, "3s");
 
     broker.wait_for(EVENTS / 3, Duration::from_secs(120)).await;
     let mut victim = nodes.remove(0);
@@ -89,9 +87,7 @@ async fn a_killed_node_loses_nothing_and_others_take_over_after_its_lease() {
     for node in nodes {
         node.stop(Duration::from_secs(5)).await;
     }
-    let duplicates = assert_room_order(&received);
-    let distinct: HashSet<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
-    assert_eq!(distinct.len(), EVENTS, "every event delivered");
+    let duplicates = assert_every_event_delivered(&received, &seeded);
     println!(
         "kill test: {} deliveries for {EVENTS} events, {duplicates} duplicates",
         received.len()
@@ -170,14 +166,7 @@ async fn per_room_order_holds_while_producers_insert_concurrently() {
     const PER_PRODUCER: usize = 2_500;
     let database = TestDatabase::new(Backend::Postgres).await;
     let broker = TestBroker::new("#").await;
-    let nodes: Vec<RelayProcess> = (0..NODES)
-        .map(|node| {
-            RelayProcess::spawn(
-                crate::RELAY,
-                &node_settings(&database, &broker, node, "30s"),
-            )
-        })
-        .collect();
+    let nodes = spawn_nodes(&database, &broker, "30s");
     // Each producer owns its rooms, as a room service serialises writes per room.
     let mut producers = Vec::new();
     for producer in 0..PRODUCERS {

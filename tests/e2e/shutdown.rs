@@ -70,18 +70,10 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
     second.stop(Duration::from_secs(5)).await;
 
     let deliveries = broker.wait_for(EVENTS, Duration::from_secs(30)).await;
-    let distinct: HashSet<&str> = deliveries.iter().map(|r| r.message_id.as_str()).collect();
-    for event in &seeded {
-        assert!(
-            distinct.contains(event.event_id.as_str()),
-            "{} lost",
-            event.event_id
-        );
-    }
+    let duplicates = outbox_tests::assert_every_event_delivered(&deliveries, &seeded);
     println!(
-        "sigterm test: {published} published before SIGTERM (in {took:?}), {} deliveries for {EVENTS} events, {} duplicates",
-        deliveries.len(),
-        deliveries.len() - distinct.len()
+        "sigterm test: {published} published before SIGTERM (in {took:?}), {} deliveries for {EVENTS} events, {duplicates} duplicates",
+        deliveries.len()
     );
     let _ = std::fs::remove_file(&first.log);
     broker.close().await;

@@ -239,3 +239,22 @@ pub fn assert_room_order(received: &[Received]) -> usize {
     }
     duplicates
 }
+
+/// Checks that every one of `events` was delivered at least once and that each room's
+/// first deliveries came in id order; returns the number of duplicate deliveries.
+pub fn assert_every_event_delivered(
+    received: &[Received],
+    events: &[outbox_store::NewEvent],
+) -> usize {
+    let duplicates = assert_room_order(received);
+    let distinct: std::collections::HashSet<&str> =
+        received.iter().map(|r| r.message_id.as_str()).collect();
+    for event in events {
+        assert!(
+            distinct.contains(event.event_id.as_str()),
+            "{} lost",
+            event.event_id
+        );
+    }
+    duplicates
+}

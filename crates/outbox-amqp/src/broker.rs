@@ -300,8 +300,8 @@ impl Link {
     }
 }
 
-/// Every exchange the routes name, the default first.
-fn exchanges(router: &Router) -> Vec<&str> {
+/// Every exchange the routes name, the default first, each once.
+pub fn exchanges(router: &Router) -> Vec<&str> {
     let mut exchanges: Vec<&str> = vec![router.exchange.as_str()];
     for route in &router.routes {
         if !exchanges.contains(&route.exchange.as_str()) {

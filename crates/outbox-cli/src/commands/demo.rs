@@ -84,11 +84,7 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
         )
         .await
         .context("cannot declare the demo's queue")?;
-    let router = &config.amqp.router;
-    let mut exchanges: Vec<&str> = vec![router.exchange.as_str()];
-    exchanges.extend(router.routes.iter().map(|route| route.exchange.as_str()));
-    exchanges.dedup();
-    for exchange in exchanges {
+    for exchange in outbox_amqp::broker::exchanges(&config.amqp.router) {
         channel
             .queue_bind(
                 queue.name().clone(),
