@@ -5,10 +5,15 @@
 //!   delivered to a consumer and marked; then (unless `--no-baseline`) the `baseline`
 //!   scenario in the same run, and the ratio of the two.
 //! - `baseline`: a bare lapin publisher with pipelined confirms (best of windows 256, 1024).
+//! - `matrix`: `drain` over publishers × batch sizes, the median of several runs per cell.
 //! - `latency`: a producer inserts one event per transaction at a steady rate; a consumer
-//!   records insert → delivery time.
+//!   records commit → delivery time.
+//!
+//! The consumer runs as a child process (`consume`, hidden), so the CPU time and peak RSS
+//! reported are the relay's own.
 
 mod baseline;
+mod consumer;
 mod process;
 mod scenario;
 
@@ -31,6 +36,11 @@ enum Scenario {
     Baseline(BaselineArgs),
     /// Commit → delivery latency at a steady insert rate.
     Latency(scenario::LatencyArgs),
+    /// `drain` over publishers × batch sizes, medians per cell.
+    Matrix(scenario::MatrixArgs),
+    /// The consumer child of `drain` and `latency` (started by them).
+    #[command(hide = true)]
+    Consume(consumer::ConsumeArgs),
 }
 
 /// `baseline` options.
@@ -51,6 +61,8 @@ fn main() -> ExitCode {
                 .await
                 .map(|result| result.print()),
             Scenario::Latency(args) => scenario::latency(args).await,
+            Scenario::Matrix(args) => scenario::matrix(args).await,
+            Scenario::Consume(args) => consumer::run(args).await,
         }
     });
     match result {

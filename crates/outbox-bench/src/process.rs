@@ -21,7 +21,14 @@ pub fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// Peak resident set size in MiB (VmHWM).
+/// Resets the peak resident set size (VmHWM) to the current one, so that the peak read
+/// later covers only what follows (the relay's run, not the bench's own prefill).
+pub fn reset_peak_rss() {
+    // Linux ≥ 4.0: writing 5 to clear_refs resets VmHWM for this process.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Peak resident set size in MiB (VmHWM) since the start or the last [`reset_peak_rss`].
 pub fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

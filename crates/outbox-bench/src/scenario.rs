@@ -1,23 +1,17 @@
-//! The `drain` and `latency` scenarios: the relay in-process on real services, a consumer
-//! on a durable queue bound to the relay's exchange.
+//! The `drain` and `latency` scenarios: the relay in-process on real services, the consumer
+//! ([`crate::consumer`]) in a child process on a durable queue bound to the relay's
+//! exchange.
 
+use crate::consumer::{unix_nanos, ConsumerProcess};
 use crate::{baseline, process};
 use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
-use futures_lite::StreamExt;
-use lapin::options::{
-    BasicConsumeOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
-};
-use lapin::types::FieldTable;
+use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use outbox_cli::settings::{Config, Settings};
 use outbox_cli::startup::{open_broker, open_store, start_relay};
 use outbox_core::OutboxStore;
 use outbox_store::{insert_events, NewEvent, SeaOrmStore};
 use sea_orm::ConnectionTrait as _;
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 /// Which database the relay runs on.
@@ -32,7 +26,7 @@ pub enum Backend {
 }
 
 /// `drain` options.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct DrainArgs {
     /// Database backend.
     #[arg(long, value_enum, default_value = "postgres")]
@@ -55,6 +49,35 @@ pub struct DrainArgs {
     /// Skip the baseline run (no ratio).
     #[arg(long)]
     no_baseline: bool,
+    /// Repeat the run this many times and report each run and the medians.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+}
+
+/// `matrix` options: `drain` over publishers × batch sizes.
+#[derive(Debug, Args)]
+pub struct MatrixArgs {
+    /// Database backend.
+    #[arg(long, value_enum, default_value = "postgres")]
+    backend: Backend,
+    /// Events per run.
+    #[arg(long, default_value_t = 50_000)]
+    events: usize,
+    /// Rooms.
+    #[arg(long, default_value_t = 1_000)]
+    rooms: usize,
+    /// Publisher counts to try.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    publishers: Vec<i64>,
+    /// Batch sizes to try.
+    #[arg(long, value_delimiter = ',', default_value = "100,500")]
+    batch_sizes: Vec<i64>,
+    /// `relay.ordering`.
+    #[arg(long, default_value = "per_room")]
+    ordering: String,
+    /// Runs per cell (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
 }
 
 /// `latency` options.
@@ -75,16 +98,19 @@ pub struct LatencyArgs {
     /// `relay.publishers`.
     #[arg(long, default_value_t = 4)]
     publishers: i64,
+    /// Turn PostgreSQL wake-ups (LISTEN/NOTIFY) off: the relay only polls.
+    #[arg(long)]
+    no_notify: bool,
+    /// Repeat the run this many times and report each run and the medians.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
 }
 
-/// Delivery times by event id.
-type Deliveries = Rc<RefCell<HashMap<String, Instant>>>;
-
-/// A fresh table, exchange and queue, and a consumer recording deliveries.
+/// A fresh table and exchange for one run; the consumer runs in its own process.
 struct Bench {
     config: Config,
     store: SeaOrmStore,
-    deliveries: Deliveries,
+    /// The relay's exchange, and the consumer's queue of the same name.
     queue: String,
     sqlite_file: Option<std::path::PathBuf>,
 }
@@ -119,82 +145,24 @@ impl Bench {
         let config = settings
             .validate()
             .map_err(|errors| anyhow::anyhow!("invalid bench settings: {errors:?}"))?;
+        // Warnings of the relay (and its timings under RUST_LOG=outbox_relay=debug).
+        outbox_cli::telemetry::init(&config.log);
         let store = open_store(&config, true).await?;
         let queue = config.amqp.router.exchange.clone();
-        let deliveries: Deliveries = Rc::default();
-        let bench = Self {
+        Ok(Self {
             config,
             store,
-            deliveries,
             queue,
             sqlite_file,
-        };
-        bench.consume().await?;
-        Ok(bench)
+        })
     }
 
-    /// A durable queue bound to the relay's exchange, consumed here.
-    async fn consume(&self) -> anyhow::Result<()> {
-        let broker = open_broker(&self.config).await?;
-        let channel = broker.open_channel().await?;
-        let queue = self.queue.as_str();
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        channel
-            .queue_declare(queue.into(), durable, FieldTable::default())
-            .await?;
-        channel
-            .queue_bind(
-                queue.into(),
-                queue.into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        let mut consumer = channel
-            .basic_consume(
-                queue.into(),
-                "outbox-bench".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        let deliveries = Rc::clone(&self.deliveries);
-        actix_rt::spawn(async move {
-            // Keeps the consumer's connection alive as long as deliveries come.
-            let _broker = broker;
-            while let Some(Ok(delivery)) = consumer.next().await {
-                if let Some(id) = delivery.properties.message_id() {
-                    deliveries
-                        .borrow_mut()
-                        .entry(id.to_string())
-                        .or_insert_with(Instant::now);
-                }
-            }
-        });
-        Ok(())
-    }
-
-    fn delivered(&self) -> usize {
-        self.deliveries.borrow().len()
-    }
-
-    async fn wait_until(
-        &self,
-        what: &str,
-        deadline: Duration,
-        mut done: impl FnMut(&Self) -> bool,
-    ) -> anyhow::Result<()> {
+    /// Waits until every row is resolved (after the consumer has seen every event).
+    async fn wait_all_marked(&self, deadline: Duration) -> anyhow::Result<()> {
         let until = Instant::now() + deadline;
-        while !done(self) {
+        while self.store.stats().await?.pending > 0 {
             if Instant::now() > until {
-                bail!("{what} did not happen within {deadline:?}");
+                bail!("not every event was marked within {deadline:?}");
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -246,8 +214,112 @@ fn event(run: &str, n: usize, rooms: usize) -> NewEvent {
     }
 }
 
-/// Pre-fills, relays, measures; then the baseline and the ratio.
+/// One `drain` run.
+#[derive(Debug, Clone, Copy)]
+struct DrainRun {
+    seconds: f64,
+    rate: f64,
+    cpu_us: f64,
+    rss_mib: f64,
+    duplicates: usize,
+    /// Baseline rate in the same run, when measured.
+    baseline: Option<f64>,
+}
+
+impl DrainRun {
+    fn ratio(&self) -> Option<f64> {
+        self.baseline.map(|baseline| self.rate / baseline)
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_unstable_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+fn round(value: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+/// Pre-fills, relays, measures, then the baseline and the ratio; `--runs` times.
 pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
+    let backend = format!("{:?}", args.backend).to_lowercase();
+    println!(
+        "drain: {backend}, {} events, {} rooms, {} publishers, batch {}, ordering {}",
+        args.events, args.rooms, args.publishers, args.batch_size, args.ordering
+    );
+    let mut runs = Vec::with_capacity(args.runs);
+    for _ in 0..args.runs.max(1) {
+        let run = drain_once(&args).await?;
+        println!(
+            "  {:>7.0} events/s in {:.2} s | CPU {:.1} µs/event | peak RSS {:.1} MiB | {} duplicates{}",
+            run.rate,
+            run.seconds,
+            run.cpu_us,
+            run.rss_mib,
+            run.duplicates,
+            match run.baseline {
+                Some(baseline) => format!(
+                    " | baseline {baseline:.0} msg/s | ratio {:.2}",
+                    run.rate / baseline
+                ),
+                None => String::new(),
+            }
+        );
+        let mut json = drain_json(&args, &[run]);
+        json["seconds"] = round(run.seconds, 3).into();
+        println!("{json}");
+        runs.push(run);
+    }
+    if runs.len() > 1 {
+        let json = drain_json(&args, &runs);
+        println!(
+            "  median of {}: {} events/s, CPU {} µs/event, peak RSS {} MiB{}",
+            runs.len(),
+            json["events_per_sec"],
+            json["cpu_us_per_event"],
+            json["peak_rss_mib"],
+            match json.get("ratio") {
+                Some(ratio) => format!(", ratio {ratio}"),
+                None => String::new(),
+            }
+        );
+        println!("{json}");
+    }
+    println!(
+        "  (events/s: relay start → every event delivered and marked; CPU and RSS: the relay's \
+         process, the consumer runs apart; room order checked on first deliveries)"
+    );
+    Ok(())
+}
+
+/// The JSON line of one run, or of the medians of several.
+fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
+    let pick = |f: fn(&DrainRun) -> f64| median(runs.iter().map(f).collect());
+    let mut json = serde_json::json!({
+        "scenario": "drain", "backend": format!("{:?}", args.backend).to_lowercase(),
+        "events": args.events, "rooms": args.rooms, "publishers": args.publishers,
+        "batch_size": args.batch_size, "ordering": args.ordering, "runs": runs.len(),
+        "events_per_sec": pick(|r| r.rate).round(),
+        "cpu_us_per_event": round(pick(|r| r.cpu_us), 1),
+        "peak_rss_mib": round(pick(|r| r.rss_mib), 1),
+        "duplicates": runs.iter().map(|r| r.duplicates).sum::<usize>(),
+    });
+    if runs.iter().all(|r| r.baseline.is_some()) && !runs.is_empty() {
+        json["baseline_events_per_sec"] = pick(|r| r.baseline.unwrap_or(0.0)).round().into();
+        json["ratio"] = round(pick(|r| r.ratio().unwrap_or(0.0)), 2).into();
+    }
+    json
+}
+
+async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     let bench = Bench::setup(args.backend, |settings| {
         settings.relay.publishers = args.publishers;
         settings.relay.batch_size = args.batch_size;
@@ -255,129 +327,188 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
     })
     .await?;
     let run = bench.store.table().as_str().to_owned();
-    let events: Vec<NewEvent> = (0..args.events)
-        .map(|n| event(&run, n, args.rooms))
-        .collect();
-    for chunk in events.chunks(500) {
-        insert_events(bench.store.connection(), bench.store.table(), chunk).await?;
+    // Generated a chunk at a time: the backlog lives in the database, not in this process.
+    for start in (0..args.events).step_by(PREFILL_CHUNK) {
+        let chunk: Vec<NewEvent> = (start..args.events.min(start + PREFILL_CHUNK))
+            .map(|n| event(&run, n, args.rooms))
+            .collect();
+        insert_events(bench.store.connection(), bench.store.table(), &chunk).await?;
     }
-    drop(events);
+    let consumer = ConsumerProcess::start(&bench.queue, args.events, args.rooms, false).await?;
 
+    process::reset_peak_rss();
     let cpu_before = process::cpu_seconds();
     let started = Instant::now();
-    let relay = start_relay(
-        &bench.config,
-        &bench.store,
-        &open_broker(&bench.config).await?,
-    )
-    .await?;
+    let broker = open_broker(&bench.config).await?;
+    let relay = start_relay(&bench.config, &bench.store, &broker).await?;
     let deadline = Duration::from_secs(120).max(Duration::from_millis(args.events as u64 * 2));
-    bench
-        .wait_until("every delivery", deadline, |bench| {
-            bench.delivered() >= args.events
-        })
-        .await?;
-    let mut marked = false;
-    let until = Instant::now() + deadline;
-    while !marked {
-        marked = bench.store.stats().await?.pending == 0;
-        if !marked {
-            if Instant::now() > until {
-                bail!("not every event was marked within {deadline:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
+    let report = consumer.finish(deadline).await?;
+    bench.wait_all_marked(deadline).await?;
     let seconds = started.elapsed().as_secs_f64();
     let cpu = process::cpu_seconds() - cpu_before;
+    let rss_mib = process::peak_rss_mib();
     relay.shutdown().await?;
-    let rate = args.events as f64 / seconds;
-    let cpu_us = cpu / args.events as f64 * 1e6;
-    let rss = process::peak_rss_mib();
+    broker.close().await;
     bench.teardown().await?;
+    if report.out_of_order > 0 {
+        bail!("{} events arrived out of room order", report.out_of_order);
+    }
+    let baseline = if args.no_baseline {
+        None
+    } else {
+        Some(baseline::run(args.events).await?.rate)
+    };
+    Ok(DrainRun {
+        seconds,
+        rate: args.events as f64 / seconds,
+        cpu_us: cpu / args.events as f64 * 1e6,
+        rss_mib,
+        duplicates: report.duplicates,
+        baseline,
+    })
+}
 
+/// `drain` over publishers × batch sizes: a table of medians.
+pub async fn matrix(args: MatrixArgs) -> anyhow::Result<()> {
     let backend = format!("{:?}", args.backend).to_lowercase();
     println!(
-        "drain: {backend}, {} events, {} rooms, {} publishers, batch {}, ordering {}",
-        args.events, args.rooms, args.publishers, args.batch_size, args.ordering
+        "matrix: {backend}, {} events, {} rooms, ordering {}, median of {} runs per cell",
+        args.events, args.rooms, args.ordering, args.runs
     );
-    println!("  relayed in     {seconds:.2} s");
-    println!("  events/s       {rate:.0}");
-    println!("  CPU/event      {cpu_us:.1} µs (whole process: relay and consumer)");
-    println!("  peak RSS       {rss:.1} MiB");
-    let mut json = serde_json::json!({
-        "scenario": "drain", "backend": backend, "events": args.events, "rooms": args.rooms,
-        "publishers": args.publishers, "batch_size": args.batch_size, "ordering": args.ordering,
-        "seconds": (seconds * 1000.0).round() / 1000.0, "events_per_sec": rate.round(),
-        "cpu_us_per_event": (cpu_us * 10.0).round() / 10.0, "peak_rss_mib": (rss * 10.0).round() / 10.0,
-    });
-    if !args.no_baseline {
-        let baseline = baseline::run(args.events).await?;
-        let ratio = rate / baseline.rate;
-        println!(
-            "  baseline       {:.0} msg/s (lapin, window {})",
-            baseline.rate, baseline.window
-        );
-        println!("  ratio          {ratio:.2}");
-        json["baseline_events_per_sec"] = baseline.rate.round().into();
-        json["ratio"] = ((ratio * 100.0).round() / 100.0).into();
+    println!("  publishers  batch   events/s  baseline  ratio  CPU µs/event");
+    for &batch_size in &args.batch_sizes {
+        for &publishers in &args.publishers {
+            let cell = DrainArgs {
+                backend: args.backend,
+                events: args.events,
+                rooms: args.rooms,
+                publishers,
+                batch_size,
+                ordering: args.ordering.clone(),
+                no_baseline: false,
+                runs: args.runs,
+            };
+            let mut runs = Vec::with_capacity(args.runs);
+            for _ in 0..args.runs.max(1) {
+                runs.push(drain_once(&cell).await?);
+            }
+            let json = drain_json(&cell, &runs);
+            println!(
+                "  {publishers:>10}  {batch_size:>5}  {:>9}  {:>8}  {:>5}  {:>12}",
+                json["events_per_sec"],
+                json["baseline_events_per_sec"],
+                json["ratio"],
+                json["cpu_us_per_event"]
+            );
+            println!("{json}");
+        }
     }
-    println!("{json}");
     Ok(())
 }
 
-/// Inserts at a steady rate while the relay runs; reports insert → delivery percentiles.
+/// Rows per prefill INSERT.
+const PREFILL_CHUNK: usize = 500;
+
+/// Commit → delivery percentiles of one `latency` run, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct LatencyRun {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    max: f64,
+    duplicates: usize,
+}
+
+/// Inserts at a steady rate while the relay runs; reports commit → delivery percentiles,
+/// `--runs` times.
 pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
+    let backend = format!("{:?}", args.backend).to_lowercase();
+    let wake_ups = matches!(args.backend, Backend::Postgres) && !args.no_notify;
+    println!(
+        "latency: {backend}, {} events/s for {} s, {} rooms, commit → delivery, wake-ups {}",
+        args.rate,
+        args.seconds,
+        args.rooms,
+        if wake_ups { "on" } else { "off (polling)" }
+    );
+    let json = |runs: &[LatencyRun]| {
+        let pick = |f: fn(&LatencyRun) -> f64| round(median(runs.iter().map(f).collect()), 2);
+        serde_json::json!({"scenario": "latency", "backend": backend, "rate": args.rate,
+            "seconds": args.seconds, "rooms": args.rooms, "events": args.rate * args.seconds,
+            "wake_ups": wake_ups, "runs": runs.len(),
+            "duplicates": runs.iter().map(|r| r.duplicates).sum::<usize>(),
+            "p50_ms": pick(|r| r.p50), "p90_ms": pick(|r| r.p90), "p99_ms": pick(|r| r.p99),
+            "max_ms": pick(|r| r.max)})
+    };
+    let mut runs = Vec::with_capacity(args.runs);
+    for _ in 0..args.runs.max(1) {
+        let run = latency_once(&args).await?;
+        println!(
+            "  p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
+            run.p50, run.p90, run.p99, run.max
+        );
+        println!("{}", json(&[run]));
+        runs.push(run);
+    }
+    if runs.len() > 1 {
+        let medians = json(&runs);
+        println!(
+            "  median of {}: p50 {} ms  p90 {} ms  p99 {} ms  max {} ms",
+            runs.len(),
+            medians["p50_ms"],
+            medians["p90_ms"],
+            medians["p99_ms"],
+            medians["max_ms"]
+        );
+        println!("{medians}");
+    }
+    Ok(())
+}
+
+async fn latency_once(args: &LatencyArgs) -> anyhow::Result<LatencyRun> {
     let bench = Bench::setup(args.backend, |settings| {
-        settings.relay.publishers = args.publishers
+        settings.relay.publishers = args.publishers;
+        settings.database.notify = !args.no_notify;
     })
     .await?;
-    let relay = start_relay(
-        &bench.config,
-        &bench.store,
-        &open_broker(&bench.config).await?,
-    )
-    .await?;
-    let run = bench.store.table().as_str().to_owned();
     let total = (args.rate * args.seconds) as usize;
-    let mut sent: HashMap<String, Instant> = HashMap::with_capacity(total);
+    let consumer = ConsumerProcess::start(&bench.queue, total, args.rooms, true).await?;
+    let broker = open_broker(&bench.config).await?;
+    let relay = start_relay(&bench.config, &bench.store, &broker).await?;
+    let run = bench.store.table().as_str().to_owned();
+    let mut committed = vec![0i64; total];
     let started = tokio::time::Instant::now();
     let period = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
-    for n in 0..total {
+    for (n, at) in committed.iter_mut().enumerate() {
         tokio::time::sleep_until(started + period * n as u32).await;
         let event = event(&run, n, args.rooms);
-        sent.insert(event.event_id.clone(), Instant::now());
         insert_events(bench.store.connection(), bench.store.table(), &[event]).await?;
+        // Taken once the commit returned: the moment the event exists for everyone else.
+        *at = unix_nanos();
     }
-    bench
-        .wait_until("every delivery", Duration::from_secs(60), |bench| {
-            bench.delivered() >= total
-        })
-        .await?;
+    let report = consumer.finish(Duration::from_secs(60)).await?;
     relay.shutdown().await?;
-    let mut latencies: Vec<Duration> = bench
-        .deliveries
-        .borrow()
-        .iter()
-        .filter_map(|(id, at)| sent.get(id).map(|sent| at.saturating_duration_since(*sent)))
-        .collect();
-    latencies.sort_unstable();
+    broker.close().await;
     bench.teardown().await.context("teardown")?;
+    let mut latencies: Vec<f64> = report
+        .times
+        .iter()
+        .zip(&committed)
+        .map(|(delivered, committed)| (delivered - committed).max(0) as f64 / 1e6)
+        .collect();
+    if latencies.is_empty() {
+        bail!("no delivery times were reported");
+    }
+    latencies.sort_unstable_by(f64::total_cmp);
     let pick = |q: f64| {
         let rank = ((q * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len());
-        latencies[rank - 1].as_secs_f64() * 1e3
+        latencies[rank - 1]
     };
-    let (p50, p90, p99, max) = (pick(0.5), pick(0.9), pick(0.99), pick(1.0));
-    let backend = format!("{:?}", args.backend).to_lowercase();
-    println!(
-        "latency: {backend}, {} events/s for {} s, insert → delivery",
-        args.rate, args.seconds
-    );
-    println!("  p50 {p50:.1} ms  p90 {p90:.1} ms  p99 {p99:.1} ms  max {max:.1} ms");
-    println!(
-        "{}",
-        serde_json::json!({"scenario": "latency", "backend": backend, "rate": args.rate, "seconds": args.seconds,
-            "events": total, "p50_ms": p50, "p90_ms": p90, "p99_ms": p99, "max_ms": max})
-    );
-    Ok(())
+    Ok(LatencyRun {
+        p50: pick(0.5),
+        p90: pick(0.9),
+        p99: pick(0.99),
+        max: pick(1.0),
+        duplicates: report.duplicates,
+    })
 }

@@ -86,6 +86,16 @@ impl Params {
         self.bind(value)
     }
 
+    /// Binds `ids` and returns the condition that follows a column to match any of them:
+    /// `= ANY($n)` with one array on PostgreSQL (one prepared statement whatever the
+    /// count), `IN (?, …)` elsewhere.
+    pub fn any_of(&mut self, ids: &[i64]) -> String {
+        match self.backend {
+            DbBackend::Postgres => format!("= ANY({})", self.bind(ids.to_vec())),
+            _ => format!("IN ({})", self.bind_ids(ids)),
+        }
+    }
+
     /// Binds every id and returns `p1, p2, …` for an `IN (…)` list.
     pub fn bind_ids(&mut self, ids: &[i64]) -> String {
         ids.iter()
@@ -138,5 +148,14 @@ mod tests {
         assert_eq!(params.bind_ids(&[2, 3]), "$2, $3");
         let mut params = Params::new(DbBackend::MySql);
         assert_eq!(params.bind_ids(&[2, 3]), "?, ?");
+    }
+
+    #[test]
+    fn id_lists_are_one_array_on_postgres() {
+        let mut params = Params::new(DbBackend::Postgres);
+        params.bind(1i64);
+        assert_eq!(params.any_of(&[2, 3, 4]), "= ANY($2)");
+        let mut params = Params::new(DbBackend::Sqlite);
+        assert_eq!(params.any_of(&[2, 3]), "IN (?, ?)");
     }
 }
