@@ -1,5 +1,6 @@
 //! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary.
 //!
+//! - `cli`: `--help` and `--version`.
 //! - `delivery`: every event once, byte for byte, with the contract's properties, in room order.
 //! - `failures`: unroutable events, hold-back per room, retries and dead events.
 //! - `faults`: broker and database links cut or stalled by a TCP proxy.
@@ -8,6 +9,7 @@
 //! - `settings`: exit codes and messages of the binary for bad settings.
 //! - `store`: the store's own guarantees (last_error trimming, leases).
 
+mod cli;
 mod delivery;
 mod failures;
 mod faults;
