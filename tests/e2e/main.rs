@@ -1,20 +1,26 @@
 //! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary.
 //!
+//! - `cli`: `--help` and `--version`.
 //! - `delivery`: every event once, byte for byte, with the contract's properties, in room order.
 //! - `failures`: unroutable events, hold-back per room, retries and dead events.
 //! - `faults`: broker and database links cut or stalled by a TCP proxy.
 //! - `multinode`: several relay processes on one table, a killed node, concurrent producers.
-//! - `shutdown`: SIGTERM on the real binary.
+//! - `secrets`: passwords never reach `check-config`, logs or error messages.
 //! - `settings`: exit codes and messages of the binary for bad settings.
+//! - `shutdown`: SIGTERM on the real binary.
 //! - `store`: the store's own guarantees (last_error trimming, leases).
+//! - `tls`: `amqps://` through a TLS proxy with a custom CA; PostgreSQL's `sslmode`.
 
+mod cli;
 mod delivery;
 mod failures;
 mod faults;
 mod multinode;
+mod secrets;
 mod settings;
 mod shutdown;
 mod store;
+mod tls;
 
 /// The relay binary, built from the test package (`src/bin/outbox-relay-under-test.rs`).
 pub const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay-under-test");

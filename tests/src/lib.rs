@@ -10,11 +10,13 @@ pub mod broker;
 pub mod database;
 pub mod events;
 pub mod proxy;
+pub mod tls_proxy;
 
 pub use broker::{Received, TestBroker};
 pub use database::{Backend, TestDatabase};
 pub use events::{room_events, seed};
 pub use proxy::FaultProxy;
+pub use tls_proxy::{TestCa, TlsProxy};
 
 use outbox_cli::settings::{Config, Settings};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -3,6 +3,7 @@
 use crate::message::MessageSettings;
 use crate::publisher::AmqpPublisher;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_core::Router;
@@ -18,12 +19,14 @@ use tracing::{info, warn};
 #[derive(Debug, Error)]
 pub enum AmqpError {
     /// The connection could not be opened.
-    #[error("cannot connect to RabbitMQ at {url}: {source}")]
+    #[error("cannot connect to RabbitMQ at {url}: {cause}")]
     Connect {
         /// The URL, password redacted.
         url: String,
-        /// lapin's error.
-        source: lapin::Error,
+        /// lapin's error. Not a `source`: lapin's message already ends with its own cause
+        /// (`IO error: invalid peer certificate: UnknownIssuer`), so the cause chain would
+        /// print it twice more.
+        cause: lapin::Error,
     },
     /// An exchange could not be declared (for instance it exists with another type).
     #[error("cannot declare exchange {exchange:?} as durable {kind}: {source} (an existing exchange of another type or durability must be deleted or the settings changed)")]
@@ -55,12 +58,16 @@ pub enum AmqpError {
 }
 
 /// What the broker side needs to know.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AmqpSettings {
-    /// `amqp.url` (may hold a password).
+    /// `amqp.url` (may hold a password: never log it, use `redacted_url`). `amqps://`
+    /// connects with TLS.
     pub url: String,
     /// The same URL with the password replaced, for messages.
     pub redacted_url: String,
+    /// Extra trusted CA certificates (PEM) for `amqps://`, on top of the bundled webpki
+    /// roots: `amqp.tls_ca_file`, read at validation.
+    pub tls_ca_pem: Option<String>,
     /// `amqp.exchange_type`.
     pub exchange_type: String,
     /// `amqp.declare_exchange`.
@@ -71,6 +78,21 @@ pub struct AmqpSettings {
     pub message: MessageSettings,
     /// `relay.publish_timeout`.
     pub publish_timeout: Duration,
+}
+
+// By hand, so the password in `url` cannot reach a log line through `{:?}`.
+impl std::fmt::Debug for AmqpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpSettings")
+            .field("url", &self.redacted_url)
+            .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|_| "…"))
+            .field("exchange_type", &self.exchange_type)
+            .field("declare_exchange", &self.declare_exchange)
+            .field("router", &self.router)
+            .field("message", &self.message)
+            .field("publish_timeout", &self.publish_timeout)
+            .finish()
+    }
 }
 
 /// The relay's link to RabbitMQ: one connection, re-established when it is lost.
@@ -183,12 +205,22 @@ impl Broker {
 async fn open(settings: &AmqpSettings) -> Result<Connection, AmqpError> {
     let properties = ConnectionProperties::default()
         .with_connection_name(format!("outbox-relay {}", settings.message.node_id).into());
-    let connecting = Connection::connect(&settings.url, properties);
+    install_crypto_provider();
+    // The CA certificates are added to the webpki roots; plain `amqp://` ignores them.
+    let tls = OwnedTLSConfig {
+        identity: None,
+        cert_chain: settings.tls_ca_pem.clone(),
+    };
+    let runtime = lapin::runtime::default_runtime().map_err(|cause| AmqpError::Connect {
+        url: settings.redacted_url.clone(),
+        cause,
+    })?;
+    let connecting = Connection::connect_with_config(&settings.url, properties, tls, runtime);
     let connect_timeout = settings.publish_timeout.max(Duration::from_secs(1));
     let connection = match tokio::time::timeout(connect_timeout, connecting).await {
-        Ok(result) => result.map_err(|source| AmqpError::Connect {
+        Ok(result) => result.map_err(|cause| AmqpError::Connect {
             url: settings.redacted_url.clone(),
-            source,
+            cause,
         })?,
         Err(_) => {
             return Err(AmqpError::ConnectTimeout {
@@ -201,6 +233,18 @@ async fn open(settings: &AmqpSettings) -> Result<Connection, AmqpError> {
         declare_topology(&connection, settings).await?;
     }
     Ok(connection)
+}
+
+/// Installs ring as the process's rustls crypto provider, once. ring is the only backend
+/// compiled in (lapin and sqlx are both built on it), and rustls-connector would install
+/// it by itself; doing it here keeps every TLS user in the process working even if a
+/// later dependency enabled a second backend, where rustls cannot choose and panics.
+fn install_crypto_provider() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        // An error only means another provider is installed already, which is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
 }
 
 impl Link {

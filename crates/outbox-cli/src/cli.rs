@@ -6,10 +6,30 @@ use std::path::PathBuf;
 /// Default settings file.
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
 
+/// The end of the top-level `--help`: where settings come from, exit codes, an example.
+const AFTER_HELP: &str = "\
+Settings, each layer overriding the one before:
+  1. built-in defaults;
+  2. the TOML file given by --config (default config/default.toml, skipped when absent);
+  3. environment variables OUTBOX_RELAY__SECTION__KEY, e.g. OUTBOX_RELAY__AMQP__URL or
+     OUTBOX_RELAY__DATABASE__PASSWORD.
+Every key is listed in README.md (\"Settings\"); `outbox-relay check-config` prints the
+result with secrets redacted. --config is accepted before or after the command.
+
+Exit codes:
+  0  success
+  1  runtime failure (a database or broker error, a forced stop)
+  2  bad configuration or usage
+
+Example:
+  OUTBOX_RELAY__DATABASE__PASSWORD_FILE=/run/secrets/db-password \\
+    outbox-relay --config /etc/outbox-relay/production.toml run";
+
 /// outbox-relay publishes the rows of a transactional outbox table to RabbitMQ, in order
 /// per room, at least once, and records each outcome.
+// No bare `about`: that would show the crate's Cargo description instead of this text.
 #[derive(Debug, Parser)]
-#[command(name = "outbox-relay", version, about, long_about = None)]
+#[command(name = "outbox-relay", version, after_help = AFTER_HELP)]
 pub struct Cli {
     /// Settings file (TOML) [default: config/default.toml; built-in defaults when that file
     /// is absent]. Environment variables OUTBOX_RELAY__SECTION__KEY override it.
@@ -25,25 +45,46 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the relay until SIGINT or SIGTERM.
+    ///
+    /// Connects to the database (migrating the table first when database.migrate_on_start)
+    /// and to RabbitMQ, then publishes pending rows and records each outcome. The first
+    /// SIGINT or SIGTERM shuts down gracefully: in-flight publishes finish, unstarted rows
+    /// are released, exit code 0. A second signal, or relay.shutdown_timeout, forces the
+    /// stop (exit code 1; leases then expire on their own).
     Run,
     /// Create or upgrade the outbox table and its indexes.
+    ///
+    /// Applies the migrations the table (database.table) does not have yet and prints each;
+    /// safe to run again. Use it from a deployment when database.migrate_on_start is false.
     Migrate,
     /// Validate the settings and print the effective values (secrets redacted).
+    ///
+    /// Loads the defaults, the file and the OUTBOX_RELAY__ variables, validates them as
+    /// `run` would, and prints the result as TOML, passwords shown as ***. Connects to
+    /// nothing. Exit code 2 with a message naming the key when a setting is invalid.
     CheckConfig,
     /// Show counts by status, the oldest pending age and the rows claimed per node.
     Status(StatusArgs),
     /// Inspect and requeue dead events.
+    ///
+    /// An event goes dead after relay.max_attempts failures, or at once when it can never
+    /// be published; it stays in the table until requeued.
     #[command(subcommand)]
     Dead(DeadCommand),
     /// Seed synthetic room events into the configured outbox and relay them, with progress
     /// and a summary (events/s, end-to-end latency).
+    ///
+    /// Binds a temporary queue to the configured exchanges to count deliveries; the
+    /// exchange must be a topic or fanout one. Meant for trying the relay out, not for
+    /// production tables.
     Demo(DemoArgs),
 }
 
 /// `status` options.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// Print one JSON object instead of a table.
+    /// Print one JSON object instead of a table: pending, published, dead,
+    /// oldest_pending_age_seconds, claimed (rows per node_id), expired_leases, table.
     #[arg(long)]
     pub json: bool,
 }
@@ -52,21 +93,28 @@ pub struct StatusArgs {
 #[derive(Debug, Subcommand)]
 pub enum DeadCommand {
     /// List dead events with their last error.
+    ///
+    /// One line per event, oldest first, tab-separated: event_id, room_id, event_type,
+    /// retry_count, last_error.
     List {
-        /// Print JSON lines instead of a table.
+        /// Print one JSON object per line instead (id, event_id, event_type, room_id,
+        /// retry_count, last_error, created_at).
         #[arg(long)]
         json: bool,
         /// At most this many rows, oldest first.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, value_name = "N", default_value_t = 100)]
         limit: u64,
         /// Only this room's dead events.
-        #[arg(long)]
+        #[arg(long, value_name = "ROOM")]
         room: Option<String>,
         /// Only dead events of this type.
-        #[arg(long)]
+        #[arg(long, value_name = "TYPE")]
         event_type: Option<String>,
     },
     /// Make dead events pending again (retry_count 0, available now).
+    ///
+    /// Exactly one of --event-id, --room or --all. Requeued events are published after
+    /// the events of their room that went out while they were dead.
     Requeue {
         /// Requeue these event ids.
         #[arg(long = "event-id", value_name = "ID", num_args = 1.., required_unless_present_any = ["room", "all"])]
@@ -84,13 +132,50 @@ pub enum DeadCommand {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Events to seed.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
     pub events: u64,
-    /// Rooms to spread them over.
-    #[arg(long, default_value_t = 100)]
+    /// Rooms to spread them over (events of one room are delivered in order).
+    #[arg(long, value_name = "R", default_value_t = 100)]
     pub rooms: u64,
     /// Insert every event before the relay starts (relay a backlog) instead of while it
     /// runs (relay live traffic).
     #[arg(long)]
     pub prefill: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every command, at any depth, with its path (`dead list`).
+    fn commands(command: &clap::Command, path: String, out: &mut Vec<(String, clap::Command)>) {
+        for sub in command.get_subcommands() {
+            let path = format!("{path} {}", sub.get_name()).trim().to_owned();
+            out.push((path.clone(), sub.clone()));
+            commands(sub, path, out);
+        }
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_command_and_flag_has_a_help_text() {
+        let root = Cli::command();
+        let mut all = vec![(String::from("outbox-relay"), root.clone())];
+        commands(&root, String::new(), &mut all);
+        for (path, command) in all {
+            assert!(command.get_about().is_some(), "`{path}` has no help text");
+            for arg in command.get_arguments() {
+                assert!(
+                    arg.get_help().is_some(),
+                    "`{path} --{}` has no help text",
+                    arg.get_id()
+                );
+            }
+        }
+    }
 }

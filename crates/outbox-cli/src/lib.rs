@@ -3,6 +3,7 @@
 //! Layout:
 //! - [`cli`]: the command line.
 //! - [`settings`]: layered settings and their validation.
+//! - [`secrets`]: passwords from settings or files, and scrubbing them from output.
 //! - [`telemetry`]: the tracing subscriber.
 //! - [`startup`]: opening the store and the broker, starting the relay.
 //! - [`signals`]: the stop signals (SIGINT, SIGTERM).
@@ -10,6 +11,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod secrets;
 pub mod settings;
 pub mod signals;
 pub mod startup;
@@ -46,16 +48,19 @@ pub fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    telemetry::init(&config.log);
+    telemetry::init(&config.log, &config.secrets);
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    let secrets = config.secrets.clone();
     let system = actix_rt::System::new();
     match system.block_on(commands::dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(error = %format!("{error:#}"), "outbox-relay failed");
-            eprintln!("error: {error:#}");
+            // Our messages carry redacted URLs only; a library's may echo more.
+            let error = secrets.scrub(&format!("{error:#}"));
+            tracing::error!(%error, "outbox-relay failed");
+            eprintln!("error: {error}");
             ExitCode::from(EXIT_FAILURE)
         }
     }

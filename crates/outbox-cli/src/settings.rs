@@ -5,6 +5,7 @@
 //! turns it into a [`Config`] or into [`ConfigError`]s that each name the key, the bad value
 //! and what is accepted.
 
+use crate::secrets::{self, Secrets};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use outbox_amqp::{AmqpSettings, MessageSettings};
@@ -38,11 +39,17 @@ pub struct Settings {
 }
 
 /// `[database]`
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseSettings {
-    /// `sqlite://…`, `postgres://…` or `mysql://…`.
+    /// `sqlite://…`, `postgres://…` or `mysql://…`; TLS by `sslmode=` / `ssl-mode=`, plain
+    /// text when absent.
     pub url: String,
+    /// The password, when it is not in `url`: meant for `OUTBOX_RELAY__DATABASE__PASSWORD`
+    /// rather than the file. Empty: none.
+    pub password: String,
+    /// A file holding the password (a trailing newline is ignored). Empty: none.
+    pub password_file: String,
     /// The outbox table.
     pub table: String,
     /// Pool size.
@@ -55,11 +62,19 @@ pub struct DatabaseSettings {
 }
 
 /// `[amqp]`
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AmqpSection {
-    /// `amqp://user:pass@host:port/vhost`.
+    /// `amqp://user:pass@host:port/vhost`, or `amqps://…` for TLS.
     pub url: String,
+    /// The password, when it is not in `url`: meant for `OUTBOX_RELAY__AMQP__PASSWORD`
+    /// rather than the file. Empty: none.
+    pub password: String,
+    /// A file holding the password (a trailing newline is ignored). Empty: none.
+    pub password_file: String,
+    /// PEM file of CA certificates trusted for `amqps://` besides the bundled webpki roots
+    /// (a private CA). Empty: the webpki roots only.
+    pub tls_ca_file: String,
     /// Default exchange.
     pub exchange: String,
     /// `topic`, `direct`, `fanout` or `headers`.
@@ -141,6 +156,8 @@ impl Default for DatabaseSettings {
     fn default() -> Self {
         Self {
             url: "sqlite://outbox-relay.db?mode=rwc".into(),
+            password: String::new(),
+            password_file: String::new(),
             table: "room_outbox".into(),
             max_connections: 10,
             migrate_on_start: true,
@@ -153,6 +170,9 @@ impl Default for AmqpSection {
     fn default() -> Self {
         Self {
             url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            password: String::new(),
+            password_file: String::new(),
+            tls_ca_file: String::new(),
             exchange: "room.events".into(),
             exchange_type: "topic".into(),
             declare_exchange: true,
@@ -200,6 +220,60 @@ impl Default for MetricsSettings {
     }
 }
 
+// Debug by hand for the sections that hold secrets, so `{:?}` of the settings (or of a
+// Config) can be logged: URLs redacted, passwords shown as set or not.
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &redact_url(&self.url))
+            .field("password", &masked(&self.password))
+            .field("password_file", &self.password_file)
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("migrate_on_start", &self.migrate_on_start)
+            .field("notify", &self.notify)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for AmqpSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpSection")
+            .field("url", &redact_url(&self.url))
+            .field("password", &masked(&self.password))
+            .field("password_file", &self.password_file)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("exchange", &self.exchange)
+            .field("exchange_type", &self.exchange_type)
+            .field("declare_exchange", &self.declare_exchange)
+            .field("routing_key", &self.routing_key)
+            .field("content_type", &self.content_type)
+            .field("routes", &self.routes)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("url", &self.redacted_url)
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("migrate_on_start", &self.migrate_on_start)
+            .field("notify", &self.notify)
+            .finish()
+    }
+}
+
+/// `"***"` for a set secret, `""` for an unset one.
+fn masked(secret: &str) -> &'static str {
+    if secret.is_empty() {
+        ""
+    } else {
+        "***"
+    }
+}
+
 /// A setting that cannot be used. Exit code 2.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ConfigError {
@@ -228,9 +302,10 @@ pub enum LogFormat {
 }
 
 /// Validated database settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DatabaseConfig {
-    /// Connection URL (may hold a password: never log it, use `redacted_url`).
+    /// Connection URL, with the password of `database.password(_file)` put in (never log
+    /// it, use `redacted_url`).
     pub url: String,
     /// The URL with its password replaced.
     pub redacted_url: String,
@@ -270,6 +345,8 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// The settings as loaded (for `check-config`, after redaction).
     pub effective: Settings,
+    /// The passwords in force, to scrub from log lines and error messages.
+    pub secrets: Secrets,
 }
 
 impl Settings {
@@ -301,12 +378,22 @@ impl Settings {
         let database = &self.database;
         let relay = &self.relay;
 
-        let database_url = check.take(url_setting(
-            "database.url",
-            &database.url,
-            &["sqlite", "postgres", "postgresql", "mysql", "mariadb"],
-        ));
-        let amqp_url = check.take(url_setting("amqp.url", &self.amqp.url, &["amqp"]));
+        let database_url = check.take(
+            url_setting(
+                "database.url",
+                &database.url,
+                &["sqlite", "postgres", "postgresql", "mysql", "mariadb"],
+            )
+            .and_then(|url| {
+                with_password("database", url, &database.password, &database.password_file)
+            }),
+        );
+        let amqp = &self.amqp;
+        let amqp_url = check.take(
+            url_setting("amqp.url", &amqp.url, &["amqp", "amqps"])
+                .and_then(|url| with_password("amqp", url, &amqp.password, &amqp.password_file)),
+        );
+        let tls_ca_pem = check.take(secrets::tls_ca_file(&amqp.url, &amqp.tls_ca_file));
         let table =
             check.take(
                 TableName::parse(&database.table).map_err(|error| ConfigError::Invalid {
@@ -427,6 +514,7 @@ impl Settings {
             Some(log_format),
             Some(()),
             Some(metrics_listen),
+            Some(tls_ca_pem),
         ) = (
             database_url,
             amqp_url,
@@ -445,6 +533,7 @@ impl Settings {
             log_format,
             log_level,
             metrics_listen,
+            tls_ca_pem,
         )
         else {
             return Err(check.errors);
@@ -476,10 +565,14 @@ impl Settings {
         let options = normalised.value;
 
         let mut effective = self.clone();
-        effective.database.url = database_redacted.clone();
-        effective.amqp.url = amqp_redacted.clone();
+        // As written (the password, if any, set apart), so the output reads like the file.
+        effective.database.url = redact_url(&self.database.url);
+        effective.amqp.url = redact_url(&self.amqp.url);
+        effective.amqp.password = masked(&self.amqp.password).into();
+        effective.database.password = masked(&self.database.password).into();
         effective.relay.node_id = node_id.clone();
 
+        let secrets = Secrets::from_urls([database_url.as_str(), amqp_url.as_str()]);
         Ok(Config {
             database: DatabaseConfig {
                 url: database_url,
@@ -492,6 +585,7 @@ impl Settings {
             amqp: AmqpSettings {
                 url: amqp_url,
                 redacted_url: amqp_redacted,
+                tls_ca_pem,
                 exchange_type: self.amqp.exchange_type.clone(),
                 declare_exchange: self.amqp.declare_exchange,
                 router,
@@ -510,6 +604,7 @@ impl Settings {
             metrics_listen,
             warnings,
             effective,
+            secrets,
         })
     }
 }
@@ -610,6 +705,24 @@ fn url_setting(key: &str, value: &str, schemes: &[&str]) -> Result<(String, Stri
     Ok((value.to_owned(), redact_url(value)))
 }
 
+/// `url` (validated) with the password of `<section>.password(_file)` put in, if one is
+/// set; returns it and its redacted form.
+fn with_password(
+    section: &str,
+    (url, redacted): (String, String),
+    password: &str,
+    password_file: &str,
+) -> Result<(String, String), ConfigError> {
+    match secrets::password_setting(section, password, password_file)? {
+        None => Ok((url, redacted)),
+        Some(password) => {
+            let url = secrets::insert_password(section, &url, &password)?;
+            let redacted = redact_url(&url);
+            Ok((url, redacted))
+        }
+    }
+}
+
 /// The URL with any password replaced by `***`; unparsable text is not echoed at all.
 pub fn redact_url(value: &str) -> String {
     match url::Url::parse(value) {
@@ -696,6 +809,14 @@ mod tests {
         assert_eq!(config.relay.publish_timeout, Duration::from_secs(3));
         assert_eq!(config.relay.retry.interval, Duration::from_secs(1));
         assert_eq!(config.relay.ordering, Ordering::PerRoom);
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    }
+
+    #[test]
+    fn the_shipped_default_file_is_valid() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/default.toml");
+        let toml = std::fs::read_to_string(file).unwrap();
+        let config = load(&toml, &[]).unwrap();
         assert!(config.warnings.is_empty(), "{:?}", config.warnings);
     }
 
@@ -798,6 +919,202 @@ mod tests {
         let error = load("[database]\nurl = \"oracle://u:s3cret@db/x\"", &[]).unwrap_err();
         assert!(!error.contains("s3cret"), "{error}");
         assert!(error.contains("database.url"), "{error}");
+    }
+
+    /// A file in a fresh temporary directory (outside figment's jail, which owns the cwd).
+    fn temp_file(name: &str, contents: &str) -> String {
+        let dir =
+            std::env::temp_dir().join(format!("outbox-settings-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn password_from_a_file_goes_into_the_url_and_nowhere_else() {
+        let file = temp_file("db-password", "fr0m-f1le\n");
+        let config = load(
+            &format!(
+                "[database]\nurl = \"postgres://relay@db/app\"\npassword_file = \"{file}\"\n\
+                 [amqp]\nurl = \"amqp://relay@mq/%2f\""
+            ),
+            &[("OUTBOX_RELAY__AMQP__PASSWORD", "fr0m-env")],
+        )
+        .unwrap();
+        assert_eq!(config.database.url, "postgres://relay:fr0m-f1le@db/app");
+        assert_eq!(config.database.redacted_url, "postgres://relay:***@db/app");
+        assert_eq!(config.amqp.url, "amqp://relay:fr0m-env@mq/%2f");
+        let shown = format!(
+            "{}\n{config:?}",
+            toml::to_string(&config.effective).unwrap()
+        );
+        assert!(
+            !shown.contains("fr0m-f1le") && !shown.contains("fr0m-env"),
+            "{shown}"
+        );
+        assert_eq!(config.secrets.scrub("x fr0m-f1le fr0m-env"), "x *** ***");
+    }
+
+    #[test]
+    fn debug_output_of_the_settings_and_config_holds_no_password() {
+        let config = load(
+            "[database]\nurl = \"postgres://relay:s3cret@db/app\"\n[amqp]\nurl = \"amqp://relay:hunter2@mq/%2f\"",
+            &[],
+        )
+        .unwrap();
+        let debug = format!("{config:?}\n{:#?}", config.effective);
+        assert!(
+            !debug.contains("s3cret") && !debug.contains("hunter2"),
+            "{debug}"
+        );
+        assert!(debug.contains("relay:***@db"), "{debug}");
+        let mut settings = Settings::default();
+        settings.database.password = "s3cret".into();
+        assert!(!format!("{settings:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn unreadable_password_file_is_rejected_naming_the_key_and_path() {
+        let error = load(
+            "[database]\nurl = \"postgres://relay@db/app\"\npassword_file = \"/nonexistent/db-password\"",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("database.password_file") && error.contains("/nonexistent/db-password"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn empty_password_file_is_rejected() {
+        let file = temp_file("empty-password", "\n");
+        let error = load(
+            &format!("[amqp]\nurl = \"amqp://relay@mq/%2f\"\npassword_file = \"{file}\""),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("amqp.password_file") && error.contains("empty"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn password_and_password_file_together_are_rejected() {
+        let file = temp_file("both-password", "from-file");
+        let error = load(
+            &format!("[amqp]\nurl = \"amqp://relay@mq/%2f\"\npassword_file = \"{file}\""),
+            &[("OUTBOX_RELAY__AMQP__PASSWORD", "from-env")],
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("amqp.password_file") && error.contains("not both"),
+            "{error}"
+        );
+        assert!(
+            !error.contains("from-env") && !error.contains("from-file"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn password_setting_next_to_a_password_in_the_url_is_rejected() {
+        let error = load(
+            "[database]\nurl = \"postgres://relay:in-url@db/app\"",
+            &[("OUTBOX_RELAY__DATABASE__PASSWORD", "in-env")],
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("database.url") && error.contains("one place"),
+            "{error}"
+        );
+        assert!(
+            !error.contains("in-url") && !error.contains("in-env"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn password_setting_without_a_user_in_the_url_is_rejected() {
+        let error = load(
+            "[database]\nurl = \"postgres://db/app\"\npassword = \"pw\"",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("database.url") && error.contains("names the user"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn password_setting_for_sqlite_is_rejected() {
+        let error = load("[database]\npassword = \"pw\"", &[]).unwrap_err();
+        assert!(
+            error.contains("database.password") && error.contains("sqlite"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn amqps_url_with_a_ca_file_is_accepted() {
+        let file = temp_file(
+            "ca.pem",
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        );
+        let config = load(
+            &format!("[amqp]\nurl = \"amqps://relay:pw@mq:5671/%2f\"\ntls_ca_file = \"{file}\""),
+            &[],
+        )
+        .unwrap();
+        assert!(config
+            .amqp
+            .tls_ca_pem
+            .unwrap()
+            .contains("BEGIN CERTIFICATE"));
+        assert_eq!(config.amqp.redacted_url, "amqps://relay:***@mq:5671/%2f");
+    }
+
+    #[test]
+    fn missing_tls_ca_file_is_rejected_naming_the_key_and_path() {
+        let error = load(
+            "[amqp]\nurl = \"amqps://mq/%2f\"\ntls_ca_file = \"/nonexistent/ca.pem\"",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("amqp.tls_ca_file") && error.contains("/nonexistent/ca.pem"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn tls_ca_file_without_certificates_is_rejected() {
+        let file = temp_file("not-a-ca.pem", "hello");
+        let error = load(
+            &format!("[amqp]\nurl = \"amqps://mq/%2f\"\ntls_ca_file = \"{file}\""),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("amqp.tls_ca_file") && error.contains("holds none"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn tls_ca_file_with_a_plain_amqp_url_is_rejected() {
+        let file = temp_file(
+            "plain-ca.pem",
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        );
+        let error = load(&format!("[amqp]\ntls_ca_file = \"{file}\""), &[]).unwrap_err();
+        assert!(
+            error.contains("amqp.tls_ca_file") && error.contains("amqps://"),
+            "{error}"
+        );
     }
 
     #[test]

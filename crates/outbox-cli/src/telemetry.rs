@@ -1,10 +1,12 @@
 //! The tracing subscriber: pretty or JSON lines, level from `log.level` unless `RUST_LOG`.
 
+use crate::secrets::Secrets;
 use crate::settings::{LogConfig, LogFormat};
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber (once per process; later calls are ignored).
-pub fn init(log: &LogConfig) {
+/// Installs the global subscriber (once per process; later calls are ignored). Every line
+/// passes through [`Secrets::scrub`] on its way to stderr.
+pub fn init(log: &LogConfig, secrets: &Secrets) {
     let mut filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&log.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
@@ -15,9 +17,14 @@ pub fn init(log: &LogConfig) {
             filter = filter.add_directive(quiet);
         }
     }
+    // amq-protocol-tcp traces the parsed broker URL, password included, on every connect.
+    if let Ok(quiet) = "amq_protocol_tcp=debug".parse() {
+        filter = filter.add_directive(quiet);
+    }
+    let secrets = secrets.clone();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(move || secrets.writer(std::io::stderr()));
     let _ = match log.format {
         LogFormat::Pretty => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -2,6 +2,7 @@
 //!
 //! Layout:
 //! - [`admin`]: operator queries (dead events, requeue).
+//! - [`connection_url`]: the URL sqlx is given (plain text unless the URL asks for TLS).
 //! - [`entity`]: the row as sea-orm sees it.
 //! - [`migration`]: creating and upgrading the table and its indexes.
 //! - [`notify`]: LISTEN for the insert trigger's NOTIFY (PostgreSQL wake-ups).
@@ -11,6 +12,7 @@
 //!   claim, mark, release, stats.
 
 pub mod admin;
+pub mod connection_url;
 pub mod entity;
 pub mod migration;
 pub mod notify;
@@ -19,6 +21,7 @@ pub mod sql;
 pub mod store;
 
 pub use admin::{DeadEvent, DeadFilter, Requeue};
+pub use connection_url::connection_url;
 pub use migration::migrate;
 pub use notify::InsertListener;
 pub use producer::{insert_events, NewEvent};

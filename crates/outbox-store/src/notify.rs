@@ -18,9 +18,10 @@ impl std::fmt::Debug for InsertListener {
 }
 
 impl InsertListener {
-    /// Connects to `url` (PostgreSQL) and listens on `table`'s channel.
+    /// Connects to `url` (PostgreSQL; plain text unless the URL asks for TLS, like the
+    /// pool) and listens on `table`'s channel.
     pub async fn connect(url: &str, table: &TableName) -> Result<Self, sea_orm::sqlx::Error> {
-        let mut listener = PgListener::connect(url).await?;
+        let mut listener = PgListener::connect(&crate::connection_url(url)).await?;
         listener.listen(table.as_str()).await?;
         Ok(Self { listener })
     }

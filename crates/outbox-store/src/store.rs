@@ -13,9 +13,16 @@ use sea_orm::{
 };
 use std::time::Duration;
 
-/// Opens a pool of at most `max_connections` to `url` (`postgres://`, `mysql://`, `sqlite://`).
+/// Opens a pool of at most `max_connections` to `url` (`postgres://`, `mysql://`, `sqlite://`);
+/// plain text unless the URL asks for TLS (see [`crate::connection_url`]).
 pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, DbErr> {
-    let mut options = ConnectOptions::new(url.to_owned());
+    // sea-orm's own message for an unparsable URL quotes it, password and all.
+    if url::Url::parse(url).is_err() {
+        return Err(DbErr::Conn(sea_orm::RuntimeErr::Internal(
+            "the database URL cannot be parsed".into(),
+        )));
+    }
+    let mut options = ConnectOptions::new(crate::connection_url(url));
     options
         .max_connections(max_connections)
         .min_connections(1)

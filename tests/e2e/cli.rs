@@ -1,0 +1,88 @@
+//! The binary's `--help` and `--version` (DESIGN §9).
+
+use std::process::{Command, Output};
+
+fn relay(args: &[&str]) -> Output {
+    Command::new(crate::RELAY)
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn version_prints_the_version() {
+    let output = relay(&["--version"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        stdout(&output),
+        format!("outbox-relay {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn top_level_help_lists_the_commands_where_settings_come_from_and_the_exit_codes() {
+    let output = relay(&["--help"]);
+    assert!(output.status.success(), "{output:?}");
+    let text = stdout(&output);
+    for command in [
+        "run",
+        "migrate",
+        "check-config",
+        "status",
+        "dead",
+        "demo",
+        "--config",
+        "--version",
+    ] {
+        assert!(text.contains(command), "help lacks {command}:\n{text}");
+    }
+    for fact in [
+        "publishes the rows of a transactional outbox table to RabbitMQ",
+        "config/default.toml",
+        "OUTBOX_RELAY__SECTION__KEY",
+        "Exit codes",
+        "2  bad configuration or usage",
+        "Example",
+    ] {
+        assert!(text.contains(fact), "help lacks {fact:?}:\n{text}");
+    }
+}
+
+#[test]
+fn every_command_help_succeeds_and_explains_its_flags() {
+    let commands: &[(&[&str], &[&str])] = &[
+        (&["run"], &["--config", "SIGTERM"]),
+        (&["migrate"], &["--config"]),
+        (&["check-config"], &["--config", "redacted"]),
+        (&["status"], &["--json", "oldest_pending_age_seconds"]),
+        (&["dead"], &["list", "requeue"]),
+        (
+            &["dead", "list"],
+            &["--json", "--limit", "--room", "--event-type"],
+        ),
+        (&["dead", "requeue"], &["--event-id", "--room", "--all"]),
+        (&["demo"], &["--events", "--rooms", "--prefill"]),
+    ];
+    for (command, mentions) in commands {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let output = relay(&args);
+        assert!(
+            output.status.success(),
+            "`{}` failed: {output:?}",
+            args.join(" ")
+        );
+        let text = stdout(&output);
+        for mention in *mentions {
+            assert!(
+                text.contains(mention),
+                "`{}` does not mention {mention}:\n{text}",
+                args.join(" ")
+            );
+        }
+    }
+}
