@@ -4,6 +4,8 @@
 //! - `failures`: unroutable events, hold-back per room, retries and dead events.
 //! - `faults`: broker and database links cut or stalled by a TCP proxy.
 //! - `multinode`: several relay processes on one table, a killed node, concurrent producers.
+//! - `retention`: the Janitor (`relay.retention`) and `purge` delete old published rows in
+//!   bounded batches, and nothing else.
 //! - `shutdown`: SIGTERM on the real binary.
 //! - `settings`: exit codes and messages of the binary for bad settings.
 //! - `store`: the store's own guarantees (last_error trimming, leases).
@@ -12,6 +14,7 @@ mod delivery;
 mod failures;
 mod faults;
 mod multinode;
+mod retention;
 mod settings;
 mod shutdown;
 mod store;

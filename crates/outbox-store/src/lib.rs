@@ -6,6 +6,7 @@
 //! - [`migration`]: creating and upgrading the table and its indexes.
 //! - [`notify`]: LISTEN for the insert trigger's NOTIFY (PostgreSQL wake-ups).
 //! - [`producer`]: inserting events (the demo, tests, and Rust producers).
+//! - [`retention`]: deleting finished rows in bounded batches (the Janitor, `purge`).
 //! - [`sql`]: backend-aware statement building (placeholders, timestamps, table names).
 //! - [`store`]: [`SeaOrmStore`], the implementation of the [`outbox_core::OutboxStore`] port:
 //!   claim, mark, release, stats.
@@ -15,6 +16,7 @@ pub mod entity;
 pub mod migration;
 pub mod notify;
 pub mod producer;
+pub mod retention;
 pub mod sql;
 pub mod store;
 
