@@ -4,6 +4,8 @@
 //! - `failures`: unroutable events, hold-back per room, retries and dead events.
 //! - `faults`: broker and database links cut or stalled by a TCP proxy.
 //! - `multinode`: several relay processes on one table, a killed node, concurrent producers.
+//! - `producer`: `enqueue` in the caller's transaction, the README's plain INSERT, and the
+//!   trace context (`traceparent`, `tracestate`) reaching the AMQP headers.
 //! - `retention`: the Janitor (`relay.retention`) and `purge` delete old published rows in
 //!   bounded batches, and nothing else.
 //! - `shutdown`: SIGTERM on the real binary.
@@ -14,6 +16,7 @@ mod delivery;
 mod failures;
 mod faults;
 mod multinode;
+mod producer;
 mod retention;
 mod settings;
 mod shutdown;
