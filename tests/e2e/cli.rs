@@ -34,6 +34,7 @@ fn top_level_help_lists_the_commands_where_settings_come_from_and_the_exit_codes
         "check-config",
         "status",
         "dead",
+        "purge",
         "demo",
         "--config",
         "--version",
@@ -65,6 +66,7 @@ fn every_command_help_succeeds_and_explains_its_flags() {
             &["--json", "--limit", "--room", "--event-type"],
         ),
         (&["dead", "requeue"], &["--event-id", "--room", "--all"]),
+        (&["purge"], &["--older-than", "--dead"]),
         (&["demo"], &["--events", "--rooms", "--prefill"]),
     ];
     for (command, mentions) in commands {

@@ -5,6 +5,10 @@
 //! - `failures`: unroutable events, hold-back per room, retries and dead events.
 //! - `faults`: broker and database links cut or stalled by a TCP proxy.
 //! - `multinode`: several relay processes on one table, a killed node, concurrent producers.
+//! - `producer`: `enqueue` in the caller's transaction, the README's plain INSERT, and the
+//!   trace context (`traceparent`, `tracestate`) reaching the AMQP headers.
+//! - `retention`: the Janitor (`relay.retention`) and `purge` delete old published rows in
+//!   bounded batches, and nothing else.
 //! - `secrets`: passwords never reach `check-config`, logs or error messages.
 //! - `settings`: exit codes and messages of the binary for bad settings.
 //! - `shutdown`: SIGTERM on the real binary.
@@ -16,6 +20,8 @@ mod delivery;
 mod failures;
 mod faults;
 mod multinode;
+mod producer;
+mod retention;
 mod secrets;
 mod settings;
 mod shutdown;

@@ -125,7 +125,23 @@ impl TestDatabase {
         .await;
     }
 
-    fn backend(&self) -> DbBackend {
+    /// A SQL expression for the time `minutes` ago (negative: ahead) in this backend's
+    /// column representation, for making rows look old.
+    pub fn minutes_ago(&self, minutes: i64) -> String {
+        match self.backend() {
+            DbBackend::Postgres => format!("now() - interval '{minutes} minutes'"),
+            DbBackend::MySql => format!("CURRENT_TIMESTAMP(6) - INTERVAL {minutes} MINUTE"),
+            DbBackend::Sqlite => {
+                format!(
+                    "strftime('%Y-%m-%d %H:%M:%f', 'now', '{:+} minutes')",
+                    -minutes
+                )
+            }
+        }
+    }
+
+    /// The backend of the test's database.
+    pub fn backend(&self) -> DbBackend {
         self.db().get_database_backend()
     }
 

@@ -146,7 +146,7 @@ impl Bench {
             .validate()
             .map_err(|errors| anyhow::anyhow!("invalid bench settings: {errors:?}"))?;
         // Warnings of the relay (and its timings under RUST_LOG=outbox_relay=debug).
-        outbox_cli::telemetry::init(&config.log);
+        outbox_cli::telemetry::init(&config.log, &config.secrets);
         let store = open_store(&config, true).await?;
         let queue = config.amqp.router.exchange.clone();
         Ok(Self {

@@ -2,6 +2,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Default settings file.
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
@@ -78,6 +79,37 @@ pub enum Command {
     /// exchange must be a topic or fanout one. Meant for trying the relay out, not for
     /// production tables.
     Demo(DemoArgs),
+    /// Delete published rows older than a bound, once, and print how many went.
+    ///
+    /// What `relay.retention` makes a running relay do continuously. Rows go in batches of
+    /// 1,000 (one short DELETE each), so it is safe while relays run. Pending rows are
+    /// never deleted; dead rows only with --dead.
+    Purge(PurgeArgs),
+}
+
+/// `purge` options.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Delete published rows whose broker confirm (published_at) is older than this, such
+    /// as "7d", "12h" or "30m".
+    #[arg(long, value_name = "DURATION", value_parser = parse_age)]
+    pub older_than: Duration,
+    /// Also delete dead rows whose event was created longer ago than --older-than. Without
+    /// it dead rows are kept, for `dead list` and `dead requeue`.
+    #[arg(long)]
+    pub dead: bool,
+}
+
+/// A duration above zero: `purge --older-than 0s` would delete every published row, which
+/// is more likely a slip than a wish.
+fn parse_age(value: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(value.trim()) {
+        Ok(age) if !age.is_zero() => Ok(age),
+        Ok(_) => Err("must be above zero, such as \"7d\" or \"12h\"".into()),
+        Err(error) => Err(format!(
+            "{error}; use a duration such as \"7d\", \"12h\" or \"30m\""
+        )),
+    }
 }
 
 /// `status` options.
@@ -145,7 +177,7 @@ pub struct DemoArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::Cli;
+    use super::*;
     use clap::CommandFactory;
 
     /// Every command, at any depth, with its path (`dead list`).
@@ -177,5 +209,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn purge_takes_a_duration_above_zero() {
+        let cli = Cli::try_parse_from(["outbox-relay", "purge", "--older-than", "7d", "--dead"])
+            .expect("parses");
+        let Command::Purge(args) = cli.command else {
+            panic!("not purge: {:?}", cli.command);
+        };
+        assert_eq!(args.older_than, Duration::from_secs(7 * 86_400));
+        assert!(args.dead);
+        for bad in ["0s", "soon"] {
+            let error = Cli::try_parse_from(["outbox-relay", "purge", "--older-than", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("--older-than"), "{error}");
+        }
+        assert!(
+            Cli::try_parse_from(["outbox-relay", "purge"]).is_err(),
+            "--older-than is required"
+        );
     }
 }

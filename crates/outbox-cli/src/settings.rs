@@ -132,6 +132,8 @@ pub struct RelaySettings {
     pub ordering: String,
     /// Hard bound on a graceful shutdown.
     pub shutdown_timeout: String,
+    /// Published rows older than this are deleted; empty keeps them forever.
+    pub retention: String,
 }
 
 /// `[log]`
@@ -199,6 +201,7 @@ impl Default for RelaySettings {
             lease: "30s".into(),
             ordering: "per_room".into(),
             shutdown_timeout: "30s".into(),
+            retention: String::new(),
         }
     }
 }
@@ -428,6 +431,7 @@ impl Settings {
         let lease = check.take(duration("relay.lease", &relay.lease));
         let shutdown_timeout =
             check.take(duration("relay.shutdown_timeout", &relay.shutdown_timeout));
+        let retention = check.take(retention(&relay.retention, &mut warnings));
         // A blank strategy means the default, as in the original worker.
         let strategy = check.take(match relay.retry_strategy.trim() {
             "" => Ok(RetryStrategy::default()),
@@ -538,6 +542,9 @@ impl Settings {
         else {
             return Err(check.errors);
         };
+        let Some(retention) = retention else {
+            return Err(check.errors);
+        };
 
         let node_id = match relay.node_id.trim() {
             "" => default_node_id(),
@@ -559,6 +566,7 @@ impl Settings {
             lease,
             ordering,
             shutdown_timeout,
+            retention,
         }
         .normalise();
         warnings.extend(normalised.warnings);
@@ -669,6 +677,32 @@ fn duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
         value: value.into(),
         accepted: format!("a duration such as \"250ms\", \"3s\" or \"5m\" ({error})"),
     })
+}
+
+/// Parses `relay.retention`: empty keeps published rows forever. Zero means the default
+/// as for every duration, which here is "forever" (never "delete at once"), with a warning.
+fn retention(value: &str, warnings: &mut Vec<String>) -> Result<Option<Duration>, ConfigError> {
+    let trimmed = value.trim();
+    if trimmed.is_empty() {
+        return Ok(None);
+    }
+    let parsed = match trimmed {
+        "0" => Duration::ZERO,
+        _ => humantime::parse_duration(trimmed).map_err(|error| ConfigError::Invalid {
+            key: "relay.retention".into(),
+            value: value.into(),
+            accepted: format!(
+                "a duration such as \"7d\", \"12h\" or \"30m\", or \"\" to keep published rows forever ({error})"
+            ),
+        })?,
+    };
+    if parsed.is_zero() {
+        warnings.push(format!(
+            "relay.retention is {value:?}; keeping published rows forever (the default)"
+        ));
+        return Ok(None);
+    }
+    Ok(Some(parsed))
 }
 
 /// A size that must be positive; zero or less means the default, with a warning.
@@ -838,6 +872,40 @@ mod tests {
             "{error}"
         );
         assert!(error.contains("250ms"), "says what is accepted: {error}");
+    }
+
+    #[test]
+    fn retention_is_off_by_default_and_parses_days() {
+        assert_eq!(load("", &[]).unwrap().relay.retention, None);
+        let config = load("[relay]\nretention = \"7d\"", &[]).unwrap();
+        assert_eq!(
+            config.relay.retention,
+            Some(Duration::from_secs(7 * 24 * 3600))
+        );
+    }
+
+    #[test]
+    fn bad_retention_is_rejected_with_its_key() {
+        let error = load("[relay]\nretention = \"a week\"", &[]).unwrap_err();
+        assert!(
+            error.contains("relay.retention") && error.contains("a week"),
+            "{error}"
+        );
+        assert!(
+            error.contains("7d") && error.contains("forever"),
+            "says what is accepted: {error}"
+        );
+    }
+
+    #[test]
+    fn zero_retention_keeps_rows_forever_with_a_warning() {
+        let config = load("[relay]\nretention = \"0s\"", &[]).unwrap();
+        assert_eq!(
+            config.relay.retention, None,
+            "zero never means delete at once"
+        );
+        let warnings = config.warnings.join("\n");
+        assert!(warnings.contains("relay.retention"), "{warnings}");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`routing`]: exchange and routing key of an event ([`Router`]).
 //! - [`error_text`]: `last_error` trimming ([`trim_error`]).
 //! - [`outcome`]: what a publish attempt came to ([`OutcomeKind`]) and a flush of them ([`MarkBatch`]).
+//! - [`trace`]: the W3C trace context a producer put in a row's headers ([`traceparent`]).
 //! - [`ports`]: the two traits through which the relay reaches the world:
 //!   [`OutboxStore`] (the database) and [`EventPublisher`] (the broker).
 
@@ -17,13 +18,16 @@ pub mod ports;
 pub mod record;
 pub mod retry;
 pub mod routing;
+pub mod trace;
 
 pub use error_text::{trim_error, MAX_ERROR_BYTES};
 pub use options::{Normalised, Ordering, RelayOptions};
 pub use outcome::{Failure, MarkBatch, OutcomeKind};
 pub use ports::{
-    ClaimRequest, Confirm, EventPublisher, OutboxStats, OutboxStore, PublishError, StoreError,
+    ClaimRequest, Confirm, EventPublisher, OutboxStats, OutboxStore, PublishError, PurgeTarget,
+    StoreError,
 };
 pub use record::{OutboxRecord, Status};
 pub use retry::{FailureDecision, RetryPolicy, RetryStrategy};
 pub use routing::{Route, Router, RoutingError, RoutingKeyTemplate};
+pub use trace::traceparent;

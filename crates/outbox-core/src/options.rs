@@ -88,6 +88,8 @@ pub struct RelayOptions {
     pub ordering: Ordering,
     /// Hard bound on a graceful shutdown.
     pub shutdown_timeout: Duration,
+    /// Published rows older than this are deleted (the Janitor); `None` keeps them forever.
+    pub retention: Option<Duration>,
 }
 
 /// A value together with the warnings its normalisation produced.
@@ -184,6 +186,7 @@ mod tests {
             lease: Duration::ZERO,
             ordering: Ordering::PerRoom,
             shutdown_timeout: Duration::ZERO,
+            retention: None,
         }
     }
 

@@ -3,8 +3,9 @@
 
 use crate::options::Ordering;
 use crate::outcome::MarkBatch;
-use crate::record::OutboxRecord;
+use crate::record::{OutboxRecord, Status};
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -84,6 +85,28 @@ pub struct ClaimRequest {
     pub ordering: Ordering,
 }
 
+/// The finished rows a purge deletes. Pending rows are never purged: they are events that
+/// have not been delivered yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PurgeTarget {
+    /// `published` rows whose `published_at` is older than the bound (`relay.retention`,
+    /// `outbox-relay purge`).
+    Published,
+    /// `dead` rows whose `created_at` is older than the bound (`outbox-relay purge --dead`).
+    /// A dead row has no time of death; its age is the event's age.
+    Dead,
+}
+
+impl PurgeTarget {
+    /// The `status` value of the rows it deletes.
+    pub const fn status(self) -> Status {
+        match self {
+            PurgeTarget::Published => Status::Published,
+            PurgeTarget::Dead => Status::Dead,
+        }
+    }
+}
+
 /// Counts for `status` and the health of the backlog.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OutboxStats {
@@ -122,6 +145,16 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// Counts by status and lease.
     async fn stats(&self) -> Result<OutboxStats, StoreError>;
+
+    /// Deletes at most `limit` rows of `target` older than `older_than`, in one short
+    /// statement, and returns how many. One call never deletes more than `limit` rows, so
+    /// its locks last milliseconds; callers repeat while a call deletes `limit` rows.
+    async fn purge(
+        &self,
+        target: PurgeTarget,
+        older_than: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<u64, StoreError>;
 }
 
 /// The broker's answer to one publish, awaited separately so many can be in flight.

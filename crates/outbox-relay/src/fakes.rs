@@ -2,16 +2,16 @@
 
 use actix::prelude::*;
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use outbox_core::{
     ClaimRequest, Confirm, EventPublisher, MarkBatch, OutboxRecord, OutboxStats, OutboxStore,
-    OutcomeKind, PublishError, StoreError,
+    OutcomeKind, PublishError, PurgeTarget, StoreError,
 };
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 
 use crate::marker::Outcome;
 
@@ -128,12 +128,57 @@ pub struct FakeStore {
     pub failed_marks: AtomicUsize,
     /// Committed batches.
     pub marks: Mutex<Vec<MarkBatch>>,
+    /// Finished rows a purge may delete: id, kind, and the time a purge compares.
+    pub finished: Mutex<Vec<(i64, PurgeTarget, DateTime<Utc>)>>,
+    /// Purges started (before the gate).
+    pub purge_calls: AtomicUsize,
+    /// Purges to fail before succeeding again.
+    pub failing_purges: AtomicUsize,
+    /// Failed purges so far.
+    pub failed_purges: AtomicUsize,
+    /// Rows each successful purge deleted, in call order.
+    pub purges: Mutex<Vec<u64>>,
+    /// When set, each purge waits for one permit.
+    pub purge_gate: Mutex<Option<Arc<Semaphore>>>,
 }
 
 impl FakeStore {
     /// Committed batches so far.
     pub fn committed(&self) -> Vec<MarkBatch> {
         self.marks.lock().unwrap().clone()
+    }
+
+    /// Adds finished rows `ids` of `target`, published (or created) `at`.
+    pub fn add_finished(
+        &self,
+        ids: impl IntoIterator<Item = i64>,
+        target: PurgeTarget,
+        at: DateTime<Utc>,
+    ) {
+        let mut finished = self.finished.lock().unwrap();
+        finished.extend(ids.into_iter().map(|id| (id, target, at)));
+    }
+
+    /// Ids of the finished rows still there.
+    pub fn finished_ids(&self) -> Vec<i64> {
+        self.finished
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|row| row.0)
+            .collect()
+    }
+
+    /// Rows each successful purge deleted.
+    pub fn purged(&self) -> Vec<u64> {
+        self.purges.lock().unwrap().clone()
+    }
+
+    /// Makes every purge wait for a permit of the returned semaphore (none yet).
+    pub fn gate_purges(&self) -> Arc<Semaphore> {
+        let gate = Arc::new(Semaphore::new(0));
+        *self.purge_gate.lock().unwrap() = Some(Arc::clone(&gate));
+        gate
     }
 }
 
@@ -169,6 +214,37 @@ impl OutboxStore for FakeStore {
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
         Ok(OutboxStats::default())
+    }
+
+    async fn purge(
+        &self,
+        target: PurgeTarget,
+        older_than: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.purge_calls.fetch_add(1, Ordering::SeqCst);
+        let gate = self.purge_gate.lock().unwrap().clone();
+        if let Some(gate) = gate {
+            gate.acquire().await.expect("gate open").forget();
+        }
+        let fail = self
+            .failing_purges
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            self.failed_purges.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::Database("connection refused".into()));
+        }
+        let mut finished = self.finished.lock().unwrap();
+        let mut deleted = 0;
+        finished.retain(|(_, kind, at)| {
+            let expired = *kind == target && *at < older_than && deleted < limit;
+            deleted += usize::from(expired);
+            !expired
+        });
+        let deleted = deleted as u64;
+        self.purges.lock().unwrap().push(deleted);
+        Ok(deleted)
     }
 }
 

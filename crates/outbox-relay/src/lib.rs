@@ -14,15 +14,19 @@
 //!   room under `per_room` ordering; holds back a room behind a failure.
 //! - [`marker`]: the single writer of outcomes; batches them, decides retry or dead, and
 //!   never drops one (a failed flush is retried).
+//! - [`janitor`]: beside the pipeline, when `relay.retention` is set: deletes published
+//!   rows past the retention in bounded batches.
 //! - [`relay`]: wires the actors and shuts them down in order.
 
 pub mod fetcher;
+pub mod janitor;
 pub mod marker;
 pub mod publisher;
 pub mod relay;
 pub mod scheduler;
 
 pub use fetcher::{Fetcher, Marked, PublisherHandle, StopClaiming, Tick, TickReport};
+pub use janitor::{Janitor, JanitorOptions, StopSweeping, Sweep, SweepReport};
 pub use marker::{Marker, Outcome};
 pub use publisher::{Drain, Publish, Publisher, Unhold};
 pub use relay::{Relay, ShutdownError};

@@ -238,6 +238,10 @@ impl Marker {
                         retry_count = $retry_count,
                         status = $status,
                         error,
+                        // The producer's W3C trace context, when its row carries one: log
+                        // tools join this line to the producer's trace. Read only when the
+                        // line is emitted; absent from the line when the row has none.
+                        traceparent = outbox_core::traceparent(record.headers.as_deref()).as_deref(),
                         $message
                     )
                 };
@@ -431,6 +435,71 @@ mod tests {
             vec![1]
         );
         assert_eq!(batch.dead.iter().map(|f| f.id).collect::<Vec<_>>(), vec![2]);
+    }
+
+    /// Log output of the current thread, as JSON lines.
+    #[derive(Clone, Default)]
+    struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for CapturedLog {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl CapturedLog {
+        fn line_of(&self, event_id: &str) -> String {
+            let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+            let needle = format!("\"event_id\":\"{event_id}\"");
+            text.lines()
+                .find(|line| line.contains(&needle))
+                .unwrap_or_else(|| panic!("no line for {event_id} in:\n{text}"))
+                .to_owned()
+        }
+    }
+
+    #[actix_rt::test]
+    async fn outcome_lines_carry_the_rows_traceparent() {
+        let log = CapturedLog::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        // The actors run on this thread (actix_rt::test), so a thread default captures them.
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let store = Arc::new(FakeStore::default());
+        let (fetcher, marked) = Collector::<Marked>::start();
+        let marker = Marker::new(store.clone(), fetcher.recipient(), options(3, 0)).start();
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut traced = published(1);
+        traced.record.headers = Some(format!(
+            r#"{{"tenant":"t1","traceparent":"{parent}","tracestate":"k=v"}}"#
+        ));
+        let mut failed_traced = failed(2, 0);
+        failed_traced.record.headers = Some(format!(r#"{{"traceparent":"{parent}"}}"#));
+        marker.do_send(traced);
+        marker.do_send(failed_traced);
+        marker.do_send(published(3));
+        marked.wait_for(1, DEADLINE).await;
+        let expected = format!("\"traceparent\":\"{parent}\"");
+        let line = log.line_of("b1");
+        assert!(line.contains(&expected), "{line}");
+        assert!(line.contains("\"status\":\"published\""), "{line}");
+        let line = log.line_of("a2");
+        assert!(line.contains(&expected), "failures too: {line}");
+        let line = log.line_of("b3");
+        assert!(
+            !line.contains("traceparent"),
+            "no field without one: {line}"
+        );
     }
 
     #[actix_rt::test]

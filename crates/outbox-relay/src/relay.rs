@@ -1,6 +1,7 @@
 //! [`Relay`]: starts the actors, wired as DESIGN §3 draws them, and stops them in order.
 
 use crate::fetcher::{Fetcher, PublisherHandle, StopClaiming};
+use crate::janitor::{Janitor, JanitorOptions, StopSweeping};
 use crate::marker::{Marker, MarkerOptions};
 use crate::publisher::{Drain, Publisher};
 use crate::scheduler::{Scheduler, StopTicking};
@@ -25,12 +26,15 @@ const MARK_DELAY: Duration = Duration::from_millis(5);
 /// none gained at 8; see BENCHMARKS.md).
 const IN_FLIGHT_BATCHES: usize = 4;
 
-/// A running relay: one Scheduler, one Fetcher, a Publisher per port, one Marker.
+/// A running relay: one Scheduler, one Fetcher, a Publisher per port, one Marker, and a
+/// Janitor when `relay.retention` is set.
 pub struct Relay {
     scheduler: Addr<Scheduler>,
     fetcher: Addr<Fetcher>,
     publishers: Vec<Addr<Publisher>>,
     marker: Addr<Marker>,
+    /// Deletes expired published rows; only when `relay.retention` is set.
+    janitor: Option<Addr<Janitor>>,
     /// Closed after the publishers drained, before the Marker's last flush.
     ports: Vec<Arc<dyn EventPublisher>>,
     store: Arc<dyn OutboxStore>,
@@ -105,6 +109,13 @@ impl Relay {
             fetcher.clone().recipient(),
             options.poll_interval,
         ));
+        let janitor = options.retention.map(|retention| {
+            Janitor::new(
+                Arc::clone(&store),
+                JanitorOptions::new(&options.name, &options.node_id, retention),
+            )
+            .start()
+        });
         info!(
             worker = %options.name,
             node_id = %options.node_id,
@@ -118,6 +129,7 @@ impl Relay {
             fetcher,
             publishers,
             marker,
+            janitor,
             ports,
             store,
             options,
@@ -142,8 +154,9 @@ impl Relay {
     }
 
     /// Stops in order (DESIGN §7): no more ticks, no more claims, publishers finish what is
-    /// in flight and release the rest, channels close, the Marker writes every outcome, and
-    /// any lease this node still holds is cleared. Bounded by `shutdown_timeout`.
+    /// in flight and release the rest, channels close, the Marker writes every outcome, the
+    /// Janitor's last DELETE ends, and any lease this node still holds is cleared. Bounded
+    /// by `shutdown_timeout`.
     pub async fn shutdown(self) -> Result<(), ShutdownError> {
         let limit = self.options.shutdown_timeout;
         tokio::time::timeout(limit, self.drain())
@@ -156,6 +169,11 @@ impl Relay {
             helper.abort();
         }
         self.scheduler.do_send(StopTicking);
+        // Enqueued now, awaited last: a DELETE under way finishes meanwhile.
+        let janitor_stopped = self
+            .janitor
+            .as_ref()
+            .map(|janitor| janitor.send(StopSweeping));
         let _ = self.fetcher.send(StopClaiming).await;
         // `send` enqueues at once: every publisher drains concurrently.
         let drains: Vec<_> = self.publishers.iter().map(|p| p.send(Drain)).collect();
@@ -176,6 +194,9 @@ impl Relay {
             let _ = closed.await;
         }
         let _ = self.marker.send(Drain).await;
+        if let Some(stopped) = janitor_stopped {
+            let _ = stopped.await;
+        }
         match self.store.release_node(&self.options.node_id).await {
             Ok(0) => {}
             Ok(released) => warn!(

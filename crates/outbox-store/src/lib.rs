@@ -6,7 +6,9 @@
 //! - [`entity`]: the row as sea-orm sees it.
 //! - [`migration`]: creating and upgrading the table and its indexes.
 //! - [`notify`]: LISTEN for the insert trigger's NOTIFY (PostgreSQL wake-ups).
-//! - [`producer`]: inserting events (the demo, tests, and Rust producers).
+//! - [`producer`]: inserting events: [`enqueue`] inside a service's own transaction, and
+//!   [`insert_events`] in bulk (the demo, tests).
+//! - [`retention`]: deleting finished rows in bounded batches (the Janitor, `purge`).
 //! - [`sql`]: backend-aware statement building (placeholders, timestamps, table names).
 //! - [`store`]: [`SeaOrmStore`], the implementation of the [`outbox_core::OutboxStore`] port:
 //!   claim, mark, release, stats.
@@ -17,6 +19,7 @@ pub mod entity;
 pub mod migration;
 pub mod notify;
 pub mod producer;
+pub mod retention;
 pub mod sql;
 pub mod store;
 
@@ -24,6 +27,6 @@ pub use admin::{DeadEvent, DeadFilter, Requeue};
 pub use connection_url::connection_url;
 pub use migration::migrate;
 pub use notify::InsertListener;
-pub use producer::{insert_events, NewEvent};
+pub use producer::{enqueue, insert_events, NewEvent};
 pub use sql::{TableName, TableNameError};
 pub use store::{connect, SeaOrmStore};

@@ -5,7 +5,8 @@ use crate::sql::{time_expr, Params, TableName};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    ClaimRequest, MarkBatch, Ordering, OutboxRecord, OutboxStats, OutboxStore, StoreError,
+    ClaimRequest, MarkBatch, Ordering, OutboxRecord, OutboxStats, OutboxStore, PurgeTarget,
+    StoreError,
 };
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr,
@@ -529,5 +530,17 @@ impl OutboxStore for SeaOrmStore {
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
         self.read_stats().await.map_err(database)
+    }
+
+    async fn purge(
+        &self,
+        target: PurgeTarget,
+        older_than: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        // The statements live in retention.rs.
+        self.purge_rows(target, older_than, limit)
+            .await
+            .map_err(database)
     }
 }

@@ -4,6 +4,7 @@ mod check_config;
 mod dead;
 pub mod demo;
 mod migrate;
+mod purge;
 mod run;
 mod status;
 
@@ -19,5 +20,6 @@ pub async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Status(args) => status::status(config, args.json).await,
         Command::Dead(command) => dead::dead(config, command).await,
         Command::Demo(args) => demo::demo(config, args).await,
+        Command::Purge(args) => purge::purge(config, args).await,
     }
 }

@@ -1,0 +1,161 @@
+//! Deleting finished rows in bounded batches: the relay's Janitor (`relay.retention`) and
+//! `outbox-relay purge`.
+//!
+//! One call deletes at most `limit` rows with one short statement. Its locks cover only
+//! those rows and last milliseconds, so the relay's claims and marks go on between calls;
+//! there is never a table-wide DELETE. Published rows are found through the
+//! `(status, published_at)` index, oldest first, so a batch costs about `limit` index
+//! entries however large the table is.
+
+use crate::sql::{time_expr, Params};
+use crate::store::SeaOrmStore;
+use chrono::{DateTime, Utc};
+use outbox_core::PurgeTarget;
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, TransactionTrait};
+
+impl SeaOrmStore {
+    /// Deletes at most `limit` rows of `target` older than `older_than`; returns how many.
+    /// See [`outbox_core::OutboxStore::purge`].
+    pub(crate) async fn purge_rows(
+        &self,
+        target: PurgeTarget,
+        older_than: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<u64, DbErr> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        match self.connection().get_database_backend() {
+            DbBackend::Postgres => self.purge_postgres(target, older_than, limit).await,
+            DbBackend::Sqlite => self.purge_sqlite(target, older_than, limit).await,
+            DbBackend::MySql => self.purge_mysql(target, older_than, limit).await,
+        }
+    }
+
+    /// `DELETE … WHERE id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)`: several nodes'
+    /// Janitors split the work instead of waiting on each other's rows.
+    async fn purge_postgres(
+        &self,
+        target: PurgeTarget,
+        older_than: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, DbErr> {
+        let t = self.table();
+        let mut params = Params::new(DbBackend::Postgres);
+        let expired = expired(&mut params, target, older_than, DbBackend::Postgres);
+        let limit = params.bind(limit);
+        let sql = format!(
+            "DELETE FROM {t} WHERE id IN \
+             (SELECT id FROM {t} WHERE {expired} LIMIT {limit} FOR UPDATE SKIP LOCKED)"
+        );
+        // Pin the plan to the indexes, as the claim does (see store.rs). Left alone, the
+        // planner hash-joins the ids against a sequential scan of the whole table:
+        // measured 54 ms instead of 4 ms per 1,000-row batch at 200,000 rows (analysed).
+        // A bitmap scan would also first collect every expired row (millions on a first
+        // sweep). SET LOCAL ends with the transaction.
+        let txn = self.connection().begin().await?;
+        txn.execute_unprepared(
+            "SELECT set_config('enable_seqscan', 'off', true), \
+             set_config('enable_bitmapscan', 'off', true)",
+        )
+        .await?;
+        let deleted = txn.execute(params.statement(sql)).await?.rows_affected();
+        txn.commit().await?;
+        Ok(deleted)
+    }
+
+    /// SQLite has no `DELETE … LIMIT` in its default build: delete by a limited subquery.
+    /// The statement holds the database's write lock, briefly; callers pause between
+    /// batches so the relay's writes get their turn.
+    async fn purge_sqlite(
+        &self,
+        target: PurgeTarget,
+        older_than: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, DbErr> {
+        let t = self.table();
+        let mut params = Params::new(DbBackend::Sqlite);
+        let expired = expired(&mut params, target, older_than, DbBackend::Sqlite);
+        let limit = params.bind(limit);
+        let sql = format!(
+            "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} INDEXED BY {t}_retention_idx \
+             WHERE {expired} LIMIT {limit})"
+        );
+        Ok(self
+            .connection()
+            .execute(params.statement(sql))
+            .await?
+            .rows_affected())
+    }
+
+    /// MySQL refuses `LIMIT` in an `IN` subquery, and `DELETE … LIMIT` scans and locks
+    /// index ranges: select the ids (a plain read, no locks), then delete exactly those
+    /// rows by primary key, checking again that they are still expired.
+    async fn purge_mysql(
+        &self,
+        target: PurgeTarget,
+        older_than: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, DbErr> {
+        let t = self.table();
+        let mut params = Params::new(DbBackend::MySql);
+        let expired_rows = expired(&mut params, target, older_than, DbBackend::MySql);
+        let limit = params.bind(limit);
+        let rows = self
+            .connection()
+            .query_all(params.statement(format!(
+                "SELECT id FROM {t} WHERE {expired_rows} LIMIT {limit}"
+            )))
+            .await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let ids = rows
+            .iter()
+            .map(|row| row.try_get::<i64>("", "id"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut params = Params::new(DbBackend::MySql);
+        let ids = params.bind_ids(&ids);
+        let expired_rows = expired(&mut params, target, older_than, DbBackend::MySql);
+        Ok(self
+            .connection()
+            .execute(params.statement(format!(
+                "DELETE FROM {t} WHERE id IN ({ids}) AND {expired_rows}"
+            )))
+            .await?
+            .rows_affected())
+    }
+}
+
+/// The condition that makes a row of `target` older than `older_than`.
+fn expired(
+    params: &mut Params,
+    target: PurgeTarget,
+    older_than: DateTime<Utc>,
+    backend: DbBackend,
+) -> String {
+    let status = target.status();
+    let column = match target {
+        PurgeTarget::Published => "published_at",
+        // No time of death is recorded: a dead row is as old as its event.
+        PurgeTarget::Dead => "created_at",
+    };
+    let bound = params.bind_time(older_than);
+    if backend == DbBackend::Sqlite && target == PurgeTarget::Published {
+        // julianday() is exact for any ISO-8601 text but hides the column from the index.
+        // The plain text comparison before it is a range on `(status, published_at)`:
+        // the relay writes `published_at` in the bound's own format, where text order is
+        // time order, so the scan starts at the oldest row and stops at the limit. A row
+        // written in another format can only be kept a little longer, never deleted early.
+        let exact = params.bind_time(older_than);
+        return format!(
+            "status = '{status}' AND {column} < {bound} AND julianday({column}) < julianday({exact})"
+        );
+    }
+    format!(
+        "status = '{status}' AND {} < {}",
+        time_expr(backend, column),
+        time_expr(backend, &bound)
+    )
+}
