@@ -122,6 +122,10 @@ pub struct FakeStore {
     pub claimable: Mutex<Vec<OutboxRecord>>,
     /// Lease renewals so far.
     pub renewals: AtomicUsize,
+    /// Claims to fail before succeeding again.
+    pub failing_claims: AtomicUsize,
+    /// Calls of `release_node` so far.
+    pub node_releases: AtomicUsize,
     /// Marks to fail before succeeding again.
     pub failing_marks: AtomicUsize,
     /// Failed mark attempts so far.
@@ -185,6 +189,9 @@ impl FakeStore {
 #[async_trait]
 impl OutboxStore for FakeStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxRecord>, StoreError> {
+        if countdown(&self.failing_claims) {
+            return Err(StoreError::Database("connection reset".into()));
+        }
         let mut claimable = self.claimable.lock().unwrap();
         let take = request.limit.min(claimable.len());
         Ok(claimable.drain(..take).collect())
@@ -204,6 +211,7 @@ impl OutboxStore for FakeStore {
     }
 
     async fn release_node(&self, _: &str) -> Result<u64, StoreError> {
+        self.node_releases.fetch_add(1, Ordering::SeqCst);
         Ok(0)
     }
 
@@ -246,6 +254,13 @@ impl OutboxStore for FakeStore {
         self.purges.lock().unwrap().push(deleted);
         Ok(deleted)
     }
+}
+
+/// Takes one from `counter` if it is above zero: true when it did (fail this call).
+fn countdown(counter: &AtomicUsize) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 /// Collects every message of type `M` it receives.

@@ -5,7 +5,9 @@ use crate::scheduler::Wake;
 use actix::prelude::*;
 use outbox_core::{ClaimRequest, OutboxStore};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock, so unit tests can move it (`tokio::time::pause`).
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// "Claim now" (from the Scheduler).
@@ -82,6 +84,13 @@ pub struct Fetcher {
     stopped: bool,
     /// After a failed claim: no claim before this instant (capped exponential backoff).
     retry_at: Option<Instant>,
+    /// A claim failed, and it may have committed before its answer was lost (a cut
+    /// connection): rows may be leased to this node that no publisher holds. The claim
+    /// trusts this node's own leases to be queued ahead in its publishers, so such orphans
+    /// would let later rows of their rooms overtake them. Until cleared, no claim starts
+    /// while rows are in flight; the next one first releases every lease of this node —
+    /// with nothing in flight, exactly the orphans.
+    unsure: bool,
     /// The backoff after the next failed claim.
     backoff: Duration,
 }
@@ -112,6 +121,7 @@ impl Fetcher {
             max_in_flight: max_in_flight.max(1),
             stopped: false,
             retry_at: None,
+            unsure: false,
             backoff: FIRST_CLAIM_BACKOFF,
         }
     }
@@ -162,21 +172,30 @@ impl Handler<Tick> for Fetcher {
     fn handle(&mut self, _: Tick, _: &mut Self::Context) -> Self::Result {
         let room = self.max_in_flight.saturating_sub(self.in_flight);
         let backing_off = self.retry_at.is_some_and(|at| Instant::now() < at);
-        if self.stopped || room == 0 || backing_off {
+        let waiting_for_orphans = self.unsure && self.in_flight > 0;
+        if self.stopped || room == 0 || backing_off || waiting_for_orphans {
             return AtomicResponse::new(Box::pin(fut::ready(TickReport::default())));
         }
         let mut request = self.request.clone();
         request.limit = request.limit.min(room);
         let store = Arc::clone(&self.store);
+        let release_first = self.unsure;
         AtomicResponse::new(Box::pin(
             async move {
                 let started = std::time::Instant::now();
-                let claimed = store.claim(&request).await;
+                let claimed = match release_first {
+                    true => match store.release_node(&request.node_id).await {
+                        Ok(_) => store.claim(&request).await,
+                        Err(error) => Err(error),
+                    },
+                    false => store.claim(&request).await,
+                };
                 (request.limit, claimed, started.elapsed())
             }
             .into_actor(self)
             .map(|(limit, claimed, took), fetcher, _| match claimed {
                 Ok(records) => {
+                    fetcher.unsure = false;
                     if fetcher.retry_at.take().is_some() {
                         info!("database available again; claiming");
                     }
@@ -204,6 +223,7 @@ impl Handler<Tick> for Fetcher {
                     } else {
                         debug!(%error, retry_in = ?fetcher.backoff, "claim failed again");
                     }
+                    fetcher.unsure = true;
                     fetcher.retry_at = Some(Instant::now() + fetcher.backoff);
                     fetcher.backoff = (fetcher.backoff * 2).min(MAX_CLAIM_BACKOFF);
                     TickReport::default()
@@ -324,6 +344,50 @@ mod tests {
             fetcher.send(Tick).await.unwrap().claimed,
             0,
             "stopped: no more claims"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn after_a_failed_claim_orphaned_leases_are_released_before_claiming_again() {
+        let store = Arc::new(FakeStore::default());
+        store
+            .claimable
+            .lock()
+            .unwrap()
+            .extend((1..=15).map(|id| record(id, "a")));
+        let (fetcher, _published) = fetcher(Arc::clone(&store), Duration::from_secs(30));
+        assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 10);
+        store.failing_claims.store(1, AtomicOrdering::SeqCst);
+        assert_eq!(
+            fetcher.send(Tick).await.unwrap().claimed,
+            0,
+            "the claim failed"
+        );
+        // Past the claim backoff (the clock is moved, not waited for), but ten rows are
+        // still in flight: no claim, since an orphan of the failed claim could be overtaken.
+        tokio::time::pause();
+        tokio::time::advance(FIRST_CLAIM_BACKOFF).await;
+        assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 0);
+        assert_eq!(store.node_releases.load(AtomicOrdering::SeqCst), 0);
+        fetcher.do_send(Marked {
+            count: 10,
+            unheld: Vec::new(),
+        });
+        assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 5);
+        assert_eq!(
+            store.node_releases.load(AtomicOrdering::SeqCst),
+            1,
+            "nothing in flight: this node's leases were released first"
+        );
+        assert_eq!(
+            fetcher.send(Tick).await.unwrap().claimed,
+            0,
+            "the table is drained"
+        );
+        assert_eq!(
+            store.node_releases.load(AtomicOrdering::SeqCst),
+            1,
+            "released once, not on every claim"
         );
     }
 
