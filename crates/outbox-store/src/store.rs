@@ -151,9 +151,19 @@ impl SeaOrmStore {
             ""
         };
         let hint = self.index_hint("pending_idx");
+        let candidates = format!(
+            "SELECT c.id FROM {t} c{hint} WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}"
+        );
+        // PostgreSQL: `= ANY(ARRAY(…))` makes the update a probe of the primary key per
+        // claimed id; `IN (…)` planned a hash of the candidates and a join (measured with
+        // 100 rows of 100,000 pending: 0.6–0.9 ms instead of 1.6 ms, planning 0.2 instead
+        // of 0.5 ms).
+        let ids = match backend {
+            DbBackend::Postgres => format!("= ANY(ARRAY({candidates}))"),
+            _ => format!("IN ({candidates})"),
+        };
         let sql = format!(
-            "UPDATE {t} SET locked_by = {node}, locked_until = {until} WHERE id IN \
-             (SELECT c.id FROM {t} c{hint} WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}) \
+            "UPDATE {t} SET locked_by = {node}, locked_until = {until} WHERE id {ids} \
              RETURNING {COLUMNS}"
         );
         if backend != DbBackend::Postgres {
