@@ -4,6 +4,9 @@
 //! - `delivery`: every event once, byte for byte, with the contract's properties, in room order.
 //! - `failures`: unroutable events, hold-back per room, retries and dead events.
 //! - `faults`: broker and database links cut or stalled by a TCP proxy.
+//! - `metrics`: `/metrics` counts and times a run, `/readyz` follows the broker and the
+//!   database links, an empty `metrics.listen` serves nothing; the backlog query behind
+//!   the gauges.
 //! - `multinode`: several relay processes on one table, a killed node, concurrent producers.
 //! - `producer`: `enqueue` in the caller's transaction, the README's plain INSERT, and the
 //!   trace context (`traceparent`, `tracestate`) reaching the AMQP headers.
@@ -19,6 +22,7 @@ mod cli;
 mod delivery;
 mod failures;
 mod faults;
+mod metrics;
 mod multinode;
 mod producer;
 mod retention;

@@ -165,6 +165,11 @@ impl RelayProcess {
         Self { child, log }
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `signal` (`TERM`, `KILL`, …).
     pub fn signal(&self, signal: &str) {
         let status = std::process::Command::new("kill")

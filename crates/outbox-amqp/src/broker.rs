@@ -180,6 +180,16 @@ impl Broker {
         Ok(AmqpPublisher::new(channel, Arc::clone(&self.link)))
     }
 
+    /// Whether the link is usable: true while the connection is open, or when it was down
+    /// and could be opened again now. Costs no traffic while the connection is up (a lock
+    /// and lapin's status flag). While it is down, this reconnects when the backoff allows
+    /// — so an idle relay's link comes back without waiting for an event to publish — and
+    /// answers false at once otherwise. Not to be called after [`Broker::close`], which it
+    /// would undo.
+    pub async fn probe(&self) -> bool {
+        self.link.connection().await.is_ok()
+    }
+
     /// A plain channel on the current connection (the demo consumes through it).
     pub async fn open_channel(&self) -> Result<Channel, AmqpError> {
         self.link

@@ -7,10 +7,13 @@
 //! - [`telemetry`]: the tracing subscriber.
 //! - [`startup`]: opening the store and the broker, starting the relay.
 //! - [`signals`]: the stop signals (SIGINT, SIGTERM).
+//! - [`endpoint`]: the metrics and health endpoint of `run` (`/metrics`, `/healthz`,
+//!   `/readyz`).
 //! - [`commands`]: one module per subcommand.
 
 pub mod cli;
 pub mod commands;
+pub mod endpoint;
 pub mod secrets;
 pub mod settings;
 pub mod signals;

@@ -17,6 +17,13 @@ pub fn init(log: &LogConfig, secrets: &Secrets) {
             filter = filter.add_directive(quiet);
         }
     }
+    // actix-server (under the metrics endpoint) announces its worker and accept threads at
+    // info on every start and stop; the endpoint logs its own address once.
+    if !log.level.contains("actix_server") {
+        if let Ok(quiet) = "actix_server=warn".parse() {
+            filter = filter.add_directive(quiet);
+        }
+    }
     // amq-protocol-tcp traces the parsed broker URL, password included, on every connect.
     if let Ok(quiet) = "amq_protocol_tcp=debug".parse() {
         filter = filter.add_directive(quiet);

@@ -24,8 +24,8 @@ pub use error_text::{trim_error, MAX_ERROR_BYTES};
 pub use options::{Normalised, Ordering, RelayOptions};
 pub use outcome::{Failure, MarkBatch, OutcomeKind};
 pub use ports::{
-    ClaimRequest, Confirm, EventPublisher, OutboxStats, OutboxStore, PublishError, PurgeTarget,
-    StoreError,
+    Backlog, ClaimRequest, Confirm, EventPublisher, OutboxStats, OutboxStore, PublishError,
+    PurgeTarget, StoreError,
 };
 pub use record::{OutboxRecord, Status};
 pub use retry::{FailureDecision, RetryPolicy, RetryStrategy};

@@ -55,6 +55,12 @@ pub enum PublishError {
 }
 
 impl PublishError {
+    /// Every value [`PublishError::reason`] returns, so a metric can register each label
+    /// once, up front: a failure counter then reads 0 rather than being absent until the
+    /// first failure of its kind, which keeps `rate()` and alert rules simple.
+    pub const REASONS: [&'static str; 5] =
+        ["unroutable", "nacked", "timeout", "channel", "invalid"];
+
     /// True when retrying cannot help.
     pub fn is_permanent(&self) -> bool {
         matches!(self, PublishError::Invalid(_))
@@ -124,6 +130,15 @@ pub struct OutboxStats {
     pub expired_leases: u64,
 }
 
+/// The part of [`OutboxStats`] that is cheap to read often (the metrics' gauges).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    /// Rows with `status = 'pending'`.
+    pub pending: u64,
+    /// Age of the oldest pending row, if any.
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
 /// The outbox table.
 #[async_trait]
 pub trait OutboxStore: Send + Sync + 'static {
@@ -145,6 +160,18 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// Counts by status and lease.
     async fn stats(&self) -> Result<OutboxStats, StoreError>;
+
+    /// Pending rows and the oldest one's age, read every few seconds for the metrics.
+    /// [`OutboxStore::stats`] also counts every published row, a scan of the whole table
+    /// that grows with the retention; a store should answer this from pending rows only.
+    /// The default asks `stats` (fine for small tables and fakes).
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        let stats = self.stats().await?;
+        Ok(Backlog {
+            pending: stats.pending,
+            oldest_pending_age_seconds: stats.oldest_pending_age_seconds,
+        })
+    }
 
     /// Deletes at most `limit` rows of `target` older than `older_than`, in one short
     /// statement, and returns how many. One call never deletes more than `limit` rows, so
@@ -169,4 +196,28 @@ pub trait EventPublisher: Send + Sync + 'static {
 
     /// Closes the channel; further publishes fail.
     async fn close(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_failure_reason_is_listed() {
+        let failures = [
+            PublishError::Unroutable {
+                exchange: "x".into(),
+                routing_key: "k".into(),
+            },
+            PublishError::Nacked {
+                exchange: "x".into(),
+                routing_key: "k".into(),
+            },
+            PublishError::Timeout(Duration::from_secs(3)),
+            PublishError::Channel("closed".into()),
+            PublishError::Invalid("bad headers".into()),
+        ];
+        let reasons: Vec<&str> = failures.iter().map(PublishError::reason).collect();
+        assert_eq!(reasons, PublishError::REASONS);
+    }
 }

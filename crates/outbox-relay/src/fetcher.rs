@@ -1,5 +1,6 @@
 //! [`Fetcher`]: claims batches and hands each record to its room's publisher.
 
+use crate::instruments::ClaimSizes;
 use crate::publisher::{Publish, Unhold};
 use crate::scheduler::Wake;
 use actix::prelude::*;
@@ -93,6 +94,8 @@ pub struct Fetcher {
     unsure: bool,
     /// The backoff after the next failed claim.
     backoff: Duration,
+    /// `outbox_claim_batch_size`.
+    sizes: ClaimSizes,
 }
 
 const FIRST_CLAIM_BACKOFF: Duration = Duration::from_millis(100);
@@ -123,6 +126,7 @@ impl Fetcher {
             retry_at: None,
             unsure: false,
             backoff: FIRST_CLAIM_BACKOFF,
+            sizes: ClaimSizes::new(),
         }
     }
 }
@@ -201,6 +205,7 @@ impl Handler<Tick> for Fetcher {
                     }
                     fetcher.backoff = FIRST_CLAIM_BACKOFF;
                     let claimed = records.len();
+                    fetcher.sizes.claimed(claimed);
                     fetcher.in_flight += claimed;
                     let pool = fetcher.publishers.len();
                     for record in records {

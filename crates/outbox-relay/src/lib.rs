@@ -17,8 +17,10 @@
 //! - [`janitor`]: beside the pipeline, when `relay.retention` is set: deletes published
 //!   rows past the retention in bounded batches.
 //! - [`relay`]: wires the actors and shuts them down in order.
+//! - [`instruments`]: the metrics the actors record (names, and handles resolved once).
 
 pub mod fetcher;
+pub mod instruments;
 pub mod janitor;
 pub mod marker;
 pub mod publisher;

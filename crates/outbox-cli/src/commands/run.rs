@@ -1,5 +1,6 @@
 //! `outbox-relay run`: the service.
 
+use crate::endpoint::Endpoint;
 use crate::settings::Config;
 use crate::signals::StopSignals;
 use crate::startup::{open_broker, open_store, start_relay};
@@ -7,13 +8,29 @@ use anyhow::{bail, Context as _};
 use tracing::{info, warn};
 
 /// Runs until SIGINT or SIGTERM, then shuts down gracefully (DESIGN §7); a second signal
-/// forces the stop.
+/// forces the stop. Serves metrics and health on `metrics.listen` meanwhile.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut signals = StopSignals::install().context("cannot install signal handlers")?;
+    // Before the relay starts: its actors take their metric handles when they are built.
+    let endpoint = match config.metrics_listen {
+        Some(listen) => Some(Endpoint::start(listen, &config.relay.node_id)?),
+        None => None,
+    };
     let store = open_store(&config, config.database.migrate_on_start).await?;
     let broker = open_broker(&config).await?;
     let relay = start_relay(&config, &store, &broker).await?;
-    let signal = signals.next().await;
+    let signal = match &endpoint {
+        // The readiness probe runs until the first signal and is dropped with it, so it
+        // cannot reconnect the broker once the shutdown has closed it.
+        Some(endpoint) => tokio::select! {
+            signal = signals.next() => signal,
+            never = endpoint.probe(&store, &broker) => match never {},
+        },
+        None => signals.next().await,
+    };
+    if let Some(endpoint) = &endpoint {
+        endpoint.shutting_down();
+    }
     info!(signal, "shutdown requested; finishing in-flight publishes");
     tokio::select! {
         result = relay.shutdown() => result?,
@@ -23,5 +40,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     broker.close().await;
+    if let Some(endpoint) = endpoint {
+        endpoint.stop().await;
+    }
     Ok(())
 }

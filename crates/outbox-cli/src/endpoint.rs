@@ -1,0 +1,294 @@
+//! The metrics and health endpoint of `outbox-relay run` (DESIGN §10), on `metrics.listen`:
+//!
+//! - `GET /metrics`: every metric in the Prometheus text format, labelled `node_id`.
+//! - `GET /healthz`: 200 while the process runs (it answers, so it is alive).
+//! - `GET /readyz`: 200 while the database and the broker are usable, else 503 with a
+//!   line saying which is not.
+//!
+//! The actors record through the `metrics` facade (see `outbox_relay::instruments`); this
+//! module installs the Prometheus recorder behind it and serves its text with actix-web,
+//! on one worker thread of its own, so a scrape never runs on the relay's thread.
+//!
+//! Readiness is decided by [`Endpoint::probe`], never by a request: a request only reads
+//! two flags, so scrapes and probes add nothing to the database or the broker.
+//! - Broker: [`Broker::probe`] every second. While the connection is up that is lapin's
+//!   status flag, no traffic. While it is down the probe also reconnects (within the
+//!   link's own backoff), so an idle relay is ready again as soon as the broker is back,
+//!   not at the next event.
+//! - Database: the backlog query that feeds the two gauges, every 5 s — one cheap query on
+//!   the pending index, which the gauges need anyway. A failure, or no answer within 3 s,
+//!   makes the relay unready; while unready the query is repeated every second, so
+//!   readiness comes back within a second or so of the database.
+//!
+//! The probe is a future the caller polls next to its signal wait, not a task: dropped at
+//! the first signal, it can never reconnect a broker that the shutdown has closed.
+
+use actix_web::dev::ServerHandle;
+use actix_web::{web, App, HttpResponse, HttpServer};
+use anyhow::Context as _;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use outbox_amqp::Broker;
+use outbox_core::OutboxStore;
+use outbox_relay::instruments;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+/// Broker probe cadence, and the database's while it is unreachable.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// Backlog query (gauges and database readiness) cadence while the database answers.
+const BACKLOG_EVERY: Duration = Duration::from_secs(5);
+/// A backlog query that takes longer counts as a database failure.
+const BACKLOG_TIMEOUT: Duration = Duration::from_secs(3);
+/// Histogram samples wait in the recorder until drained into their buckets, by a scrape
+/// or by this upkeep; it bounds their memory when nobody scrapes.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+/// Stopping the server may take this long at most (it drops open connections at once).
+const STOP_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Bucket bounds (seconds) of `outbox_publish_confirm_seconds`: a lone confirm takes about
+/// 0.5 ms on loopback, a few milliseconds with hundreds in flight, tens with a slow disk
+/// under the broker; failures stop at `publish_timeout` (3 s by default).
+const CONFIRM_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+/// Bucket bounds (seconds) of `outbox_commit_to_confirm_seconds`: milliseconds while the
+/// relay keeps up and PostgreSQL wakes it on insert, up to `poll_interval` (1 s) where it
+/// polls, then seconds to an hour for a backlog being drained or events being retried.
+const COMMIT_TO_CONFIRM_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+/// Bucket bounds (rows) of the claim and mark batch sizes: a claim takes at most
+/// `batch_size` rows (100 by default), a flush at most 4 × `batch_size`; 1-2.5-5 steps up
+/// to 5,000 cover any sensible `batch_size` and show whether claims come back full.
+const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
+];
+
+/// What `/readyz` reports, written by the probe and read by requests.
+#[derive(Debug, Default)]
+struct Health {
+    /// The last backlog query succeeded.
+    database: AtomicBool,
+    /// The last broker probe found the link usable.
+    broker: AtomicBool,
+    /// The graceful shutdown has begun: no longer relaying.
+    stopping: AtomicBool,
+}
+
+impl Health {
+    /// `None` when ready, else why not.
+    fn problems(&self) -> Option<String> {
+        if self.stopping.load(Ordering::Relaxed) {
+            return Some("shutting down".into());
+        }
+        let mut problems = Vec::new();
+        if !self.database.load(Ordering::Relaxed) {
+            problems.push("database unreachable");
+        }
+        if !self.broker.load(Ordering::Relaxed) {
+            problems.push("broker unreachable");
+        }
+        (!problems.is_empty()).then(|| problems.join(", "))
+    }
+}
+
+/// Shared by the HTTP worker's handlers.
+struct Served {
+    prometheus: PrometheusHandle,
+    health: Arc<Health>,
+}
+
+/// The running endpoint: the HTTP server, its recorder, and what its probe found.
+pub struct Endpoint {
+    /// Where it listens (with the port chosen by the system when `metrics.listen` said 0).
+    pub address: SocketAddr,
+    server: ServerHandle,
+    health: Arc<Health>,
+    /// Runs the recorder's upkeep off the relay's thread.
+    upkeep: actix_rt::Arbiter,
+}
+
+impl Endpoint {
+    /// Installs the Prometheus recorder (labelling every metric `node_id`) and starts
+    /// serving on `listen`. Must run before the relay starts: the actors take their metric
+    /// handles from the recorder installed when they are built. Not ready until
+    /// [`Endpoint::probe`] has found the database and the broker usable.
+    pub fn start(listen: SocketAddr, node_id: &str) -> anyhow::Result<Self> {
+        let prometheus = recorder(node_id)?
+            .install_recorder()
+            .context("cannot install the metrics recorder")?;
+        instruments::describe();
+        let listener = std::net::TcpListener::bind(listen)
+            .with_context(|| format!("cannot listen on {listen} (metrics.listen)"))?;
+        let address = listener.local_addr()?;
+        let health = Arc::new(Health::default());
+        let served = web::Data::new(Served {
+            prometheus: prometheus.clone(),
+            health: Arc::clone(&health),
+        });
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(served.clone())
+                .route("/metrics", web::get().to(metrics))
+                .route("/healthz", web::get().to(healthz))
+                .route("/readyz", web::get().to(readyz))
+        })
+        // One worker thread is plenty for a scrape every few seconds.
+        .workers(1)
+        // SIGINT and SIGTERM are the relay's: the server stops when `run` says so.
+        .disable_signals()
+        .shutdown_timeout(0)
+        // Scrapers and probes, not clients: a bound keeps a flood from using up memory.
+        .max_connections(64)
+        .listen(listener)
+        .with_context(|| format!("cannot serve on {address} (metrics.listen)"))?
+        .run();
+        let handle = server.handle();
+        actix_rt::spawn(server);
+        let upkeep = actix_rt::Arbiter::new();
+        upkeep.spawn(async move {
+            let mut every = tokio::time::interval(UPKEEP_EVERY);
+            loop {
+                every.tick().await;
+                prometheus.run_upkeep();
+            }
+        });
+        info!(%address, "metrics and health endpoint listening (/metrics, /healthz, /readyz)");
+        Ok(Self {
+            address,
+            server: handle,
+            health,
+            upkeep,
+        })
+    }
+
+    /// Keeps readiness and the backlog gauges current (see the module doc); runs until
+    /// dropped. Poll it only while the relay runs: after [`Broker::close`] a broker probe
+    /// would open the connection again.
+    pub async fn probe<S: OutboxStore>(&self, store: &S, broker: &Broker) -> Infallible {
+        let pending = metrics::gauge!(instruments::PENDING_EVENTS);
+        let oldest = metrics::gauge!(instruments::OLDEST_PENDING_AGE);
+        let mut backlog_due = Instant::now();
+        // Readiness as last logged: a change is logged once (the links log the details of
+        // their own losses and recoveries).
+        let mut logged = Some(String::from("starting"));
+        loop {
+            let usable = broker.probe().await;
+            self.health.broker.store(usable, Ordering::Relaxed);
+            if Instant::now() >= backlog_due {
+                let backlog = tokio::time::timeout(BACKLOG_TIMEOUT, store.backlog()).await;
+                let usable = match backlog {
+                    Ok(Ok(backlog)) => {
+                        pending.set(backlog.pending as f64);
+                        oldest.set(backlog.oldest_pending_age_seconds.unwrap_or(0.0));
+                        true
+                    }
+                    Ok(Err(_)) | Err(_) => false,
+                };
+                self.health.database.store(usable, Ordering::Relaxed);
+                backlog_due = Instant::now() + if usable { BACKLOG_EVERY } else { PROBE_EVERY };
+            }
+            let problems = self.health.problems();
+            if problems != logged {
+                match &problems {
+                    None => info!("ready: database and broker usable"),
+                    Some(problems) => warn!(%problems, "not ready; /readyz answers 503"),
+                }
+                logged = problems;
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+
+    /// The graceful shutdown has begun: `/readyz` answers 503 from now on, while
+    /// `/metrics` keeps answering until [`Endpoint::stop`].
+    pub fn shutting_down(&self) {
+        self.health.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops serving; open connections are dropped. Bounded by a fraction of a second.
+    pub async fn stop(self) {
+        let _ = tokio::time::timeout(STOP_TIMEOUT, self.server.stop(false)).await;
+        let _ = self.upkeep.stop();
+    }
+}
+
+/// The recorder's settings: the `node_id` label, and histograms with buckets chosen for
+/// each metric (the exporter's default would be summaries, which cannot be aggregated
+/// across nodes).
+fn recorder(node_id: &str) -> anyhow::Result<PrometheusBuilder> {
+    let buckets = [
+        (instruments::PUBLISH_CONFIRM, CONFIRM_BUCKETS),
+        (instruments::COMMIT_TO_CONFIRM, COMMIT_TO_CONFIRM_BUCKETS),
+        (instruments::CLAIM_BATCH_SIZE, BATCH_BUCKETS),
+        (instruments::MARK_BATCH_SIZE, BATCH_BUCKETS),
+    ];
+    let mut builder = PrometheusBuilder::new().add_global_label("node_id", node_id);
+    for (name, bounds) in buckets {
+        builder = builder.set_buckets_for_metric(Matcher::Full(name.into()), bounds)?;
+    }
+    Ok(builder)
+}
+
+async fn metrics(served: web::Data<Served>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(served.prometheus.render())
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .body("alive\n")
+}
+
+async fn readyz(served: web::Data<Served>) -> HttpResponse {
+    match served.health.problems() {
+        None => HttpResponse::Ok()
+            .content_type("text/plain; charset=utf-8")
+            .body("ready\n"),
+        Some(problems) => HttpResponse::ServiceUnavailable()
+            .content_type("text/plain; charset=utf-8")
+            .body(format!("not ready: {problems}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_needs_both_sides_and_ends_with_the_shutdown() {
+        let health = Health::default();
+        assert_eq!(
+            health.problems().as_deref(),
+            Some("database unreachable, broker unreachable"),
+            "nothing probed yet: not ready"
+        );
+        health.database.store(true, Ordering::Relaxed);
+        assert_eq!(health.problems().as_deref(), Some("broker unreachable"));
+        health.broker.store(true, Ordering::Relaxed);
+        assert_eq!(health.problems(), None);
+        health.database.store(false, Ordering::Relaxed);
+        assert_eq!(health.problems().as_deref(), Some("database unreachable"));
+        health.database.store(true, Ordering::Relaxed);
+        health.stopping.store(true, Ordering::Relaxed);
+        assert_eq!(health.problems().as_deref(), Some("shutting down"));
+    }
+
+    #[test]
+    fn every_histogram_gets_sorted_buckets() {
+        for bounds in [CONFIRM_BUCKETS, COMMIT_TO_CONFIRM_BUCKETS, BATCH_BUCKETS] {
+            assert!(
+                bounds.windows(2).all(|pair| pair[0] < pair[1]),
+                "{bounds:?}"
+            );
+        }
+        assert!(recorder("node-a").is_ok());
+    }
+}

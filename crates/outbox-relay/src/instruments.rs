@@ -1,0 +1,268 @@
+//! The relay's metrics (DESIGN §10), recorded through the `metrics` facade only.
+//!
+//! Which recorder receives them is the binary's choice (outbox-cli installs a Prometheus
+//! one when `metrics.listen` is set). Without a recorder — unit tests, the bench, `demo` —
+//! every handle is a no-op. Each actor resolves its handles once, when it is built, so
+//! the per-event cost is an atomic add or a histogram push: no name lookup, no label
+//! formatting, no allocation. The recorder must therefore be installed before the relay
+//! starts.
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, histogram, Counter, Histogram,
+    Unit,
+};
+use outbox_core::PublishError;
+use std::time::Duration;
+
+/// Counter: events whose `published` outcome is committed.
+pub const EVENTS_PUBLISHED: &str = "outbox_events_published_total";
+/// Counter, label `reason` ([`PublishError::reason`]): committed failed attempts, retried
+/// or dead.
+pub const EVENTS_FAILED: &str = "outbox_events_failed_total";
+/// Counter: events whose `dead` outcome is committed.
+pub const EVENTS_DEAD: &str = "outbox_events_dead_total";
+/// Gauge: pending rows in the table (every node's).
+pub const PENDING_EVENTS: &str = "outbox_pending_events";
+/// Gauge: age of the oldest pending row; 0 when none is pending.
+pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+/// Histogram: a publish's hand-off to the broker's ack, in seconds.
+pub const PUBLISH_CONFIRM: &str = "outbox_publish_confirm_seconds";
+/// Histogram: a row's `created_at` to the broker's ack, in seconds.
+pub const COMMIT_TO_CONFIRM: &str = "outbox_commit_to_confirm_seconds";
+/// Histogram: rows per claim that returned rows.
+pub const CLAIM_BATCH_SIZE: &str = "outbox_claim_batch_size";
+/// Histogram: outcomes per committed flush of the Marker.
+pub const MARK_BATCH_SIZE: &str = "outbox_mark_batch_size";
+
+/// Registers the help text and unit of every metric with the installed recorder.
+pub fn describe() {
+    describe_counter!(
+        EVENTS_PUBLISHED,
+        Unit::Count,
+        "Events marked published after the broker's ack (committed outcomes)."
+    );
+    describe_counter!(
+        EVENTS_FAILED,
+        Unit::Count,
+        "Failed publish attempts by reason (committed outcomes), whether retried or dead."
+    );
+    describe_counter!(
+        EVENTS_DEAD,
+        Unit::Count,
+        "Events marked dead (committed outcomes)."
+    );
+    describe_gauge!(
+        PENDING_EVENTS,
+        Unit::Count,
+        "Pending rows in the outbox table, all nodes' (sampled every few seconds)."
+    );
+    describe_gauge!(
+        OLDEST_PENDING_AGE,
+        Unit::Seconds,
+        "Age of the oldest pending row, 0 when none (sampled every few seconds)."
+    );
+    describe_histogram!(
+        PUBLISH_CONFIRM,
+        Unit::Seconds,
+        "From handing a message to the broker to its ack (acked publishes only)."
+    );
+    describe_histogram!(
+        COMMIT_TO_CONFIRM,
+        Unit::Seconds,
+        "From the row's created_at to the broker's ack (acked publishes only)."
+    );
+    describe_histogram!(
+        CLAIM_BATCH_SIZE,
+        Unit::Count,
+        "Rows per claim, for claims that returned rows."
+    );
+    describe_histogram!(
+        MARK_BATCH_SIZE,
+        Unit::Count,
+        "Outcomes per committed write of the Marker."
+    );
+}
+
+/// The Publisher's latency histograms.
+pub(crate) struct ConfirmTimes {
+    publish_confirm: Histogram,
+    commit_to_confirm: Histogram,
+}
+
+impl ConfirmTimes {
+    pub(crate) fn new() -> Self {
+        Self {
+            publish_confirm: histogram!(PUBLISH_CONFIRM),
+            commit_to_confirm: histogram!(COMMIT_TO_CONFIRM),
+        }
+    }
+
+    /// An ack for a row created at `created_at`, `took` after its hand-off.
+    pub(crate) fn acked(&self, took: Duration, created_at: chrono::DateTime<chrono::Utc>) {
+        self.publish_confirm.record(took.as_secs_f64());
+        // `created_at` is the database's clock: a skew ahead of ours counts as 0.
+        let since_commit = (chrono::Utc::now() - created_at).to_std();
+        self.commit_to_confirm
+            .record(since_commit.map_or(0.0, |since| since.as_secs_f64()));
+    }
+}
+
+/// The Marker's counters of committed outcomes and its flush sizes.
+pub(crate) struct OutcomeCounters {
+    published: Counter,
+    dead: Counter,
+    /// One per [`PublishError::REASONS`], same order.
+    failed: [Counter; PublishError::REASONS.len()],
+    mark_batch: Histogram,
+}
+
+impl OutcomeCounters {
+    pub(crate) fn new() -> Self {
+        Self {
+            published: counter!(EVENTS_PUBLISHED),
+            dead: counter!(EVENTS_DEAD),
+            failed: PublishError::REASONS.map(|reason| counter!(EVENTS_FAILED, "reason" => reason)),
+            mark_batch: histogram!(MARK_BATCH_SIZE),
+        }
+    }
+
+    /// One committed flush: each outcome's `status` (`published`, `pending` after a
+    /// failure, `dead`, `released`) and, for failures, its reason. Counted once per flush.
+    pub(crate) fn committed(
+        &self,
+        outcomes: impl ExactSizeIterator<Item = (&'static str, Option<&'static str>)>,
+    ) {
+        self.mark_batch.record(outcomes.len() as f64);
+        let (mut published, mut dead) = (0, 0);
+        let mut failed = [0u64; PublishError::REASONS.len()];
+        for (status, reason) in outcomes {
+            match status {
+                "published" => published += 1,
+                "dead" => dead += 1,
+                _ => {}
+            }
+            if let Some(reason) = reason {
+                match PublishError::REASONS
+                    .iter()
+                    .position(|known| *known == reason)
+                {
+                    Some(index) => failed[index] += 1,
+                    // A reason missing from the list (a test in outbox-core prevents it).
+                    None => counter!(EVENTS_FAILED, "reason" => reason).increment(1),
+                }
+            }
+        }
+        if published > 0 {
+            self.published.increment(published);
+        }
+        if dead > 0 {
+            self.dead.increment(dead);
+        }
+        for (counter, n) in self.failed.iter().zip(failed) {
+            if n > 0 {
+                counter.increment(n);
+            }
+        }
+    }
+}
+
+/// The Fetcher's claim sizes.
+pub(crate) struct ClaimSizes {
+    claim_batch: Histogram,
+}
+
+impl ClaimSizes {
+    pub(crate) fn new() -> Self {
+        Self {
+            claim_batch: histogram!(CLAIM_BATCH_SIZE),
+        }
+    }
+
+    /// A claim returned `rows` rows (empty claims are not recorded: idle polls would
+    /// drown the sizes of the claims that did work).
+    pub(crate) fn claimed(&self, rows: usize) {
+        if rows > 0 {
+            self.claim_batch.record(rows as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics::{Key, KeyName, Metadata, Recorder, SharedString};
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    /// A recorder that keeps counter totals by key, for checking what the Marker counts.
+    #[derive(Default)]
+    struct Totals(Mutex<HashMap<String, Arc<AtomicU64>>>);
+
+    impl Totals {
+        fn get(&self, key: &str) -> u64 {
+            self.0
+                .lock()
+                .unwrap()
+                .get(key)
+                .map_or(0, |total| total.load(Ordering::SeqCst))
+        }
+    }
+
+    struct Total(Arc<AtomicU64>);
+
+    impl metrics::CounterFn for Total {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, Ordering::SeqCst);
+        }
+
+        fn absolute(&self, value: u64) {
+            self.0.store(value, Ordering::SeqCst);
+        }
+    }
+
+    impl Recorder for Totals {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            let name = match key.labels().next() {
+                Some(label) => format!("{}{{{}}}", key.name(), label.value()),
+                None => key.name().to_owned(),
+            };
+            let total = Arc::clone(self.0.lock().unwrap().entry(name).or_default());
+            Counter::from_arc(Arc::new(Total(total)))
+        }
+
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn a_flush_counts_each_outcome_once_by_kind_and_reason() {
+        let totals = Arc::new(Totals::default());
+        let counters = metrics::with_local_recorder(totals.as_ref(), OutcomeCounters::new);
+        counters.committed(
+            [
+                ("published", None),
+                ("published", None),
+                ("pending", Some("timeout")),
+                ("dead", Some("invalid")),
+                ("released", None),
+            ]
+            .into_iter(),
+        );
+        counters.committed([("dead", Some("timeout"))].into_iter());
+        assert_eq!(totals.get(EVENTS_PUBLISHED), 2);
+        assert_eq!(totals.get(EVENTS_DEAD), 2);
+        assert_eq!(totals.get(&format!("{EVENTS_FAILED}{{timeout}}")), 2);
+        assert_eq!(totals.get(&format!("{EVENTS_FAILED}{{invalid}}")), 1);
+        assert_eq!(totals.get(&format!("{EVENTS_FAILED}{{nacked}}")), 0);
+    }
+}

@@ -1,0 +1,364 @@
+//! The metrics and health endpoint (`metrics.listen`) of the real binary, and the store's
+//! backlog query behind its gauges.
+
+use outbox_core::OutboxStore;
+use outbox_tests::{
+    eventually, room_events, seed, test_settings, Backend, FaultProxy, RelayProcess, TestBroker,
+    TestDatabase,
+};
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `GET path` over HTTP/1.0 (the server closes the connection after the answer): the
+/// status code and the body. No HTTP client needed.
+async fn get(address: SocketAddr, path: &str) -> (u16, String) {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .unwrap_or_else(|_| panic!("GET {path}: no answer within 10 s"))
+        .unwrap_or_else(|error| panic!("GET {path}: {error}"));
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("GET {path}: not an HTTP response: {response:?}"));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("GET {path}: no status in {head:?}"));
+    (status, body.to_owned())
+}
+
+/// The sum of every sample of `name` (all label sets) in Prometheus text, or `None` when
+/// there is none.
+fn total(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let metric = series.split('{').next()?;
+            (metric == name).then(|| value.parse::<f64>().ok())?
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Waits for the endpoint's "listening" line in the relay's JSON log; its address.
+async fn endpoint_address(relay: &RelayProcess) -> SocketAddr {
+    let mut address = None;
+    eventually(
+        "the endpoint's address in the log",
+        Duration::from_secs(30),
+        || {
+            address = listening_line(relay)
+                .and_then(|line| line["address"].as_str().and_then(|text| text.parse().ok()));
+            std::future::ready(address.is_some())
+        },
+    )
+    .await;
+    address.expect("an address")
+}
+
+/// The endpoint's "listening" log line, if the relay wrote one.
+fn listening_line(relay: &RelayProcess) -> Option<serde_json::Value> {
+    relay
+        .log_text()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| {
+            line["message"]
+                .as_str()
+                .is_some_and(|message| message.starts_with("metrics and health endpoint listening"))
+        })
+}
+
+/// The TCP ports on which process `pid` listens (IPv4 and IPv6): its socket inodes,
+/// matched against the kernel's tables of listening sockets (state 0A).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the relay's file descriptors")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(&"0A"), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            if inodes.contains(*inode) {
+                let port = local
+                    .rsplit(':')
+                    .next()
+                    .and_then(|hex| u16::from_str_radix(hex, 16).ok());
+                ports.extend(port);
+            }
+        }
+    }
+    ports
+}
+
+#[actix_rt::test]
+async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirms() {
+    const EVENTS: usize = 1_000;
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("#").await;
+    let settings = test_settings(&database, &broker, |settings| {
+        // Port 0: the system picks a free one, which the relay logs.
+        settings.metrics.listen = "127.0.0.1:0".into();
+        settings.log.format = "json".into();
+    });
+    let node = settings.relay.node_id.clone();
+    seed(&database, &room_events("metrics", EVENTS, 50)).await;
+    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+    let address = endpoint_address(&relay).await;
+    assert_eq!(
+        listening_ports(relay.pid()),
+        vec![address.port()],
+        "the relay listens on the logged address, and nowhere else"
+    );
+    assert_eq!(get(address, "/healthz").await.0, 200);
+
+    database.wait_all_published(Duration::from_secs(120)).await;
+    // The counter moves when the Marker's commit is logged, a moment after the rows change.
+    let scraped = RefCell::new(String::new());
+    eventually(
+        "the published counter to reach 1,000",
+        Duration::from_secs(30),
+        || async {
+            let text = get(address, "/metrics").await.1;
+            let done =
+                total(&text, "outbox_events_published_total").unwrap_or(0.0) >= EVENTS as f64;
+            *scraped.borrow_mut() = text;
+            done
+        },
+    )
+    .await;
+    let text = scraped.into_inner();
+    assert_eq!(
+        total(&text, "outbox_events_published_total"),
+        Some(EVENTS as f64),
+        "one count per committed publish:\n{text}"
+    );
+    for histogram in [
+        "outbox_publish_confirm_seconds",
+        "outbox_commit_to_confirm_seconds",
+    ] {
+        assert_eq!(
+            total(&text, &format!("{histogram}_count")),
+            Some(EVENTS as f64),
+            "{histogram}: one sample per ack:\n{text}"
+        );
+        assert!(
+            total(&text, &format!("{histogram}_sum")).is_some_and(|sum| sum > 0.0),
+            "{histogram}: latencies recorded:\n{text}"
+        );
+    }
+    assert!(
+        total(&text, "outbox_claim_batch_size_count").is_some_and(|claims| claims > 0.0),
+        "claims recorded:\n{text}"
+    );
+    assert!(
+        total(&text, "outbox_mark_batch_size_sum").is_some_and(|rows| rows >= EVENTS as f64),
+        "every outcome went through a recorded flush:\n{text}"
+    );
+    assert_eq!(
+        total(&text, "outbox_events_dead_total"),
+        Some(0.0),
+        "registered at start, so it reads 0 rather than being absent"
+    );
+    assert!(
+        text.contains(&format!(
+            "outbox_events_published_total{{node_id=\"{node}\"}}"
+        )),
+        "labelled with the node:\n{text}"
+    );
+    eventually(
+        "the pending gauge to show the drained table",
+        Duration::from_secs(30),
+        || async {
+            let text = get(address, "/metrics").await.1;
+            total(&text, "outbox_pending_events") == Some(0.0)
+                && total(&text, "outbox_oldest_pending_age_seconds") == Some(0.0)
+        },
+    )
+    .await;
+
+    // Serving metrics does not slow the shutdown down (DESIGN §7: publish_timeout + 2 s).
+    relay.stop(Duration::from_secs(5)).await;
+    broker.close().await;
+    database.drop_table().await;
+}
+
+/// Which link a readiness test cuts.
+#[derive(Debug, Clone, Copy)]
+enum Link {
+    Broker,
+    Database,
+}
+
+/// Runs the binary with `link` through a fault proxy, cuts the link and restores it:
+/// `/readyz` must follow, naming that side only, while `/healthz` stays 200.
+async fn readyz_follows(link: Link) {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("#").await;
+    let (target, problem) = match link {
+        Link::Broker => (5672, "not ready: broker unreachable\n"),
+        Link::Database => (5432, "not ready: database unreachable\n"),
+    };
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], target))).await;
+    let settings = test_settings(&database, &broker, |settings| {
+        match link {
+            Link::Broker => settings.amqp.url = format!("amqp://guest:guest@{}/%2f", proxy.addr),
+            Link::Database => {
+                settings.database.url = format!("postgres://postgres@{}/test", proxy.addr)
+            }
+        }
+        settings.metrics.listen = "127.0.0.1:0".into();
+        settings.log.format = "json".into();
+    });
+    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+    let address = endpoint_address(&relay).await;
+    eventually("ready after start", Duration::from_secs(30), || async {
+        get(address, "/readyz").await == (200, "ready\n".into())
+    })
+    .await;
+
+    proxy.go_down();
+    let answer = RefCell::new((0, String::new()));
+    eventually(
+        &format!("/readyz to answer 503 with the {link:?} link cut"),
+        Duration::from_secs(15),
+        || async {
+            let got = get(address, "/readyz").await;
+            let done = got.0 == 503;
+            *answer.borrow_mut() = got;
+            done
+        },
+    )
+    .await;
+    assert_eq!(
+        answer.into_inner().1,
+        problem,
+        "names the {link:?}, and only the {link:?}"
+    );
+    assert_eq!(
+        get(address, "/healthz").await.0,
+        200,
+        "alive all the same: nothing to restart"
+    );
+
+    proxy.restore();
+    eventually(
+        &format!("ready again once the {link:?} is back"),
+        Duration::from_secs(30),
+        || async { get(address, "/readyz").await == (200, "ready\n".into()) },
+    )
+    .await;
+    // Ready means usable: events inserted now are delivered.
+    seed(&database, &room_events("ready", 20, 4)).await;
+    database.wait_all_published(Duration::from_secs(60)).await;
+
+    relay.stop(Duration::from_secs(5)).await;
+    broker.close().await;
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn readyz_turns_unready_when_the_broker_link_is_cut_and_ready_again_after() {
+    readyz_follows(Link::Broker).await;
+}
+
+#[actix_rt::test]
+async fn readyz_turns_unready_when_the_database_link_is_cut_and_ready_again_after() {
+    readyz_follows(Link::Database).await;
+}
+
+#[actix_rt::test]
+async fn an_empty_metrics_listen_serves_nothing() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("#").await;
+    let settings = test_settings(&database, &broker, |settings| {
+        settings.metrics.listen = String::new();
+        settings.log.format = "json".into();
+    });
+    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+    seed(&database, &room_events("nolisten", 10, 2)).await;
+    // Relaying proves the process is fully up, past the point where it would listen.
+    database.wait_all_published(Duration::from_secs(60)).await;
+    assert_eq!(
+        listening_ports(relay.pid()),
+        Vec::<u16>::new(),
+        "no listening socket at all"
+    );
+    assert!(
+        listening_line(&relay).is_none(),
+        "no endpoint announced:\n{}",
+        relay.log_text()
+    );
+    relay.stop(Duration::from_secs(5)).await;
+    broker.close().await;
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn the_backlog_counts_pending_rows_only_on_every_backend() {
+    for backend in [Backend::Postgres, Backend::Sqlite, Backend::MySql] {
+        let database = TestDatabase::new(backend).await;
+        let empty = database.store.backlog().await.expect("backlog readable");
+        assert_eq!(empty.pending, 0, "{backend:?}");
+        assert_eq!(empty.oldest_pending_age_seconds, None, "{backend:?}");
+
+        seed(&database, &room_events("backlog", 10, 2)).await;
+        database
+            .execute(&format!(
+                "UPDATE {} SET status = 'published' WHERE event_id <= 'backlog-000003'",
+                database.table
+            ))
+            .await;
+        database
+            .execute(&format!(
+                "UPDATE {} SET status = 'dead' WHERE event_id = 'backlog-000009'",
+                database.table
+            ))
+            .await;
+        let backlog = database.store.backlog().await.expect("backlog readable");
+        let stats = database.store.stats().await.expect("stats readable");
+        assert_eq!(backlog.pending, 5, "{backend:?}: 10 - 4 published - 1 dead");
+        assert_eq!(backlog.pending, stats.pending, "{backend:?}");
+        let (Some(age), Some(expected)) = (
+            backlog.oldest_pending_age_seconds,
+            stats.oldest_pending_age_seconds,
+        ) else {
+            panic!("{backend:?}: no oldest age in {backlog:?} or {stats:?}");
+        };
+        assert!(
+            (age - expected).abs() < 2.0,
+            "{backend:?}: {age} vs {expected}"
+        );
+        database.drop_table().await;
+    }
+}
