@@ -63,6 +63,12 @@ where
 #[rtype(result = "()")]
 pub struct StopClaiming;
 
+/// The relay has drained: stop. The Fetcher's lease-renewal interval would otherwise keep
+/// it — and the store's connection pool it holds — alive after the relay is gone.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Stop;
+
 /// Claims up to `batch_size` rows per [`Tick`], one claim at a time (the Tick handler is
 /// atomic), keeps the rows in flight below `max_in_flight`, and sends each record to the
 /// publisher picked by a stable hash of its room: one room always goes through one
@@ -262,6 +268,15 @@ impl Handler<Marked> for Fetcher {
     }
 }
 
+impl Handler<Stop> for Fetcher {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+        self.stopped = true;
+        ctx.stop();
+    }
+}
+
 impl Handler<StopClaiming> for Fetcher {
     type Result = ();
 
@@ -394,6 +409,21 @@ mod tests {
             1,
             "released once, not on every claim"
         );
+    }
+
+    #[actix_rt::test]
+    async fn stop_ends_the_fetcher_and_lets_go_of_the_store() {
+        let store = Arc::new(FakeStore::default());
+        let (fetcher, _published) = fetcher(Arc::clone(&store), Duration::from_millis(300));
+        assert_eq!(Arc::strong_count(&store), 2, "the fetcher holds the store");
+        fetcher.send(Stop).await.expect("stop answered");
+        eventually(
+            "the fetcher to drop the store",
+            Duration::from_secs(5),
+            || Arc::strong_count(&store) == 1,
+        )
+        .await;
+        assert!(!fetcher.connected());
     }
 
     #[test]

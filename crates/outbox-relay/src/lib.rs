@@ -27,7 +27,7 @@ pub mod publisher;
 pub mod relay;
 pub mod scheduler;
 
-pub use fetcher::{Fetcher, Marked, PublisherHandle, StopClaiming, Tick, TickReport};
+pub use fetcher::{Fetcher, Marked, PublisherHandle, Stop, StopClaiming, Tick, TickReport};
 pub use janitor::{Janitor, JanitorOptions, StopSweeping, Sweep, SweepReport};
 pub use marker::{Marker, Outcome};
 pub use publisher::{Drain, Publish, Publisher, Unhold};

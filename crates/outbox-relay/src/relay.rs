@@ -1,6 +1,6 @@
 //! [`Relay`]: starts the actors, wired as DESIGN §3 draws them, and stops them in order.
 
-use crate::fetcher::{Fetcher, PublisherHandle, StopClaiming};
+use crate::fetcher::{Fetcher, PublisherHandle, Stop, StopClaiming};
 use crate::janitor::{Janitor, JanitorOptions, StopSweeping};
 use crate::marker::{Marker, MarkerOptions};
 use crate::publisher::{Drain, Publisher};
@@ -205,6 +205,7 @@ impl Relay {
             ),
             Err(error) => warn!(%error, "could not release leases; they will expire on their own"),
         }
+        let _ = self.fetcher.send(Stop).await;
         info!(worker = %self.options.name, node_id = %self.options.node_id, "relay stopped");
     }
 }
