@@ -6,7 +6,7 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -89,6 +89,7 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
     };
     for window in [256, 1024] {
         let started = Instant::now();
+        let mut n: i64 = 0;
         let mut in_flight = VecDeque::with_capacity(window);
         for _ in 0..events {
             if in_flight.len() == window {
@@ -103,10 +104,11 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
                         ..BasicPublishOptions::default()
                     },
                     &body,
-                    BasicProperties::default().with_delivery_mode(2),
+                    message_properties(n),
                 )
                 .await?;
             in_flight.push_back(confirm);
+            n += 1;
         }
         while let Some(confirm) = in_flight.pop_front() {
             expect_ack(Some(confirm)).await?;
@@ -132,6 +134,25 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
     let _ = channel.close(200, "done".into()).await;
     let _ = connection.close(200, "done".into()).await;
     Ok(best)
+}
+
+/// The properties and headers a relayed event carries (DESIGN §5), so that the broker does
+/// the same work per message for the baseline as for the relay.
+fn message_properties(n: i64) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    let text = |value: String| AMQPValue::LongString(value.into());
+    headers.insert("room_id".into(), text(format!("room-{}", n % 1000)));
+    headers.insert("outbox_id".into(), AMQPValue::LongLongInt(n));
+    headers.insert("retry_count".into(), AMQPValue::LongInt(0));
+    headers.insert("node_id".into(), text("outbox-bench-baseline".into()));
+    BasicProperties::default()
+        .with_message_id(format!("baseline-{n:08}").into())
+        .with_type("room.message.posted".into())
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_timestamp(u64::try_from(chrono::Utc::now().timestamp()).unwrap_or(0))
+        .with_app_id("outbox-relay".into())
+        .with_headers(headers)
 }
 
 async fn expect_ack(confirm: Option<lapin::PublisherConfirm>) -> anyhow::Result<()> {

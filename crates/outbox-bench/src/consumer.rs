@@ -1,7 +1,8 @@
 //! The benchmark's consumer, run as a child process (`outbox-bench consume`) so that the
 //! CPU time and peak memory measured in the parent are the relay's alone.
 //!
-//! The child binds a durable queue to the relay's exchange and prints `ready`; once every
+//! The child binds a durable queue to the relay's exchange and prints `ready` (with
+//! `--hold` it then waits for a line on stdin before it consumes); once every
 //! event has arrived it prints `done <delivered> <duplicates> <out_of_order>` and, when
 //! asked for times, one `t <n> <unix nanos>` line per event. Event `n` is the suffix of
 //! the message id (`<run>-<n:08>`) and its room is `n % rooms` (see `scenario::event`),
@@ -36,6 +37,9 @@ pub struct ConsumeArgs {
     /// Print each event's delivery time.
     #[arg(long)]
     times: bool,
+    /// Bind the queue, then wait for a line on stdin before consuming.
+    #[arg(long)]
+    hold: bool,
 }
 
 /// What the consumer saw.
@@ -95,6 +99,12 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             FieldTable::default(),
         )
         .await?;
+    if args.hold {
+        println!("ready");
+        std::io::stdout().flush()?;
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go)?;
+    }
     let mut consumer = channel
         .basic_consume(
             queue.into(),
@@ -106,8 +116,10 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             FieldTable::default(),
         )
         .await?;
-    println!("ready");
-    std::io::stdout().flush()?;
+    if !args.hold {
+        println!("ready");
+        std::io::stdout().flush()?;
+    }
 
     let mut seen = vec![false; args.events];
     // Per room: 1 + the highest event delivered so far (0: none yet).
@@ -165,6 +177,17 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// When the consumer starts consuming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consume {
+    /// At once: deliveries are timed as they happen (`latency`).
+    Now,
+    /// Only after [`ConsumerProcess::release`]: the queue is bound, so nothing is missed,
+    /// but the broker does not deliver while the relay is timed — as in the baseline,
+    /// which publishes to a queue nobody consumes (`drain`).
+    Later,
+}
+
 /// The parent's handle on a consumer child; killed when dropped.
 pub struct ConsumerProcess {
     child: Child,
@@ -179,15 +202,20 @@ impl ConsumerProcess {
         events: usize,
         rooms: usize,
         times: bool,
+        consume: Consume,
     ) -> anyhow::Result<Self> {
         let mut command = Command::new(std::env::current_exe()?);
         command
             .args(["consume", "--queue", queue])
             .args(["--events", &events.to_string()])
             .args(["--rooms", &rooms.to_string()])
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         if times {
             command.arg("--times");
+        }
+        if consume == Consume::Later {
+            command.arg("--hold");
         }
         let mut child = command
             .spawn()
@@ -212,6 +240,14 @@ impl ConsumerProcess {
             "ready" => Ok(consumer),
             other => bail!("unexpected line from the consumer: {other:?}"),
         }
+    }
+
+    /// Lets a consumer started with [`Consume::Later`] consume.
+    pub fn release(&mut self) -> anyhow::Result<()> {
+        let stdin = self.child.stdin.as_mut().context("consumer stdin")?;
+        stdin.write_all(b"go\n")?;
+        stdin.flush()?;
+        Ok(())
     }
 
     async fn next_line(&mut self, deadline: Duration) -> anyhow::Result<String> {
