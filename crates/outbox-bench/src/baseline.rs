@@ -89,9 +89,8 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
     };
     for window in [256, 1024] {
         let started = Instant::now();
-        let mut n: i64 = 0;
         let mut in_flight = VecDeque::with_capacity(window);
-        for _ in 0..events {
+        for n in (0..events).map(|n| n as i64) {
             if in_flight.len() == window {
                 expect_ack(in_flight.pop_front()).await?;
             }
@@ -108,7 +107,6 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
                 )
                 .await?;
             in_flight.push_back(confirm);
-            n += 1;
         }
         while let Some(confirm) = in_flight.pop_front() {
             expect_ack(Some(confirm)).await?;

@@ -171,7 +171,10 @@ impl Bench {
         );
         let until = Instant::now() + deadline;
         while db
-            .query_one(Statement::from_string(db.get_database_backend(), sql.clone()))
+            .query_one(Statement::from_string(
+                db.get_database_backend(),
+                sql.clone(),
+            ))
             .await?
             .is_some()
         {
@@ -377,7 +380,11 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     }
     let report = consumer.finish(deadline).await?;
     if report.delivered < args.events {
-        bail!("only {} of {} events arrived", report.delivered, args.events);
+        bail!(
+            "only {} of {} events arrived",
+            report.delivered,
+            args.events
+        );
     }
     bench.teardown().await?;
     if report.out_of_order > 0 {
