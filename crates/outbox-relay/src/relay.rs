@@ -26,6 +26,10 @@ const MARK_DELAY: Duration = Duration::from_millis(5);
 /// none gained at 8; see BENCHMARKS.md).
 const IN_FLIGHT_BATCHES: usize = 4;
 
+/// Most outcomes in one flush (SQLite allows 32,766 bound values in a statement, MySQL
+/// 65,535; a flush binds one per id, a failure three).
+const MAX_FLUSH: usize = 5_000;
+
 /// A running relay: one Scheduler, one Fetcher, a Publisher per port, one Marker, and a
 /// Janitor when `relay.retention` is set.
 pub struct Relay {
@@ -72,8 +76,9 @@ impl Relay {
                 worker: options.name.clone(),
                 node_id: options.node_id.clone(),
                 retry: options.retry.clone(),
-                // A flush takes everything that waits: the batch grows with the load.
-                max_batch: max_in_flight,
+                // A flush takes everything that waits: the batch grows with the load, up to
+                // a bound that keeps its id lists within every backend's placeholder limit.
+                max_batch: max_in_flight.min(MAX_FLUSH),
                 max_delay: MARK_DELAY,
             },
         )
