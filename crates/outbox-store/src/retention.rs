@@ -7,7 +7,7 @@
 //! `(status, published_at)` index, oldest first, so a batch costs about `limit` index
 //! entries however large the table is.
 
-use crate::sql::{time_expr, Params};
+use crate::sql::{time_expr, Params, PIN_INDEX_PLAN};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
 use outbox_core::PurgeTarget;
@@ -55,11 +55,7 @@ impl SeaOrmStore {
         // A bitmap scan would also first collect every expired row (millions on a first
         // sweep). SET LOCAL ends with the transaction.
         let txn = self.connection().begin().await?;
-        txn.execute_unprepared(
-            "SELECT set_config('enable_seqscan', 'off', true), \
-             set_config('enable_bitmapscan', 'off', true)",
-        )
-        .await?;
+        txn.execute_unprepared(PIN_INDEX_PLAN).await?;
         let deleted = txn.execute(params.statement(sql)).await?.rows_affected();
         txn.commit().await?;
         Ok(deleted)

@@ -110,6 +110,14 @@ impl Params {
     }
 }
 
+/// PostgreSQL, first statement of a transaction: walk the indexes, never a sequential or
+/// bitmap scan, for this transaction only. With statistics that lag behind the queue
+/// (autovacuum off, or a table analysed while empty) the planner otherwise scans every
+/// published row or collects every candidate before the `LIMIT` (the claim: 454 ms instead
+/// of 3.4 ms at 10,000 pending rows; a purge batch: 54 ms instead of 4 ms).
+pub const PIN_INDEX_PLAN: &str =
+    "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)";
+
 /// How SQLite stores timestamps: the format of `strftime('%Y-%m-%d %H:%M:%f')`.
 pub const SQLITE_TIME_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.3f";
 

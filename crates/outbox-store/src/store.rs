@@ -1,7 +1,7 @@
 //! [`SeaOrmStore`]: the [`OutboxStore`] port on a sea-orm connection pool.
 
 use crate::entity::ClaimedRow;
-use crate::sql::{time_expr, Params, TableName};
+use crate::sql::{time_expr, Params, TableName, PIN_INDEX_PLAN};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{
@@ -179,10 +179,9 @@ impl SeaOrmStore {
         // The settings (plan, and a relaxed commit: see RELAXED_COMMIT) and the claim
         // lock go in one simple-protocol round trip.
         let txn = self.db.begin().await?;
-        let mut prelude = String::from(
-            "SELECT set_config('enable_seqscan', 'off', true), \
-             set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true), \
-             set_config('synchronous_commit', 'off', true)",
+        let mut prelude = format!(
+            "{PIN_INDEX_PLAN}, set_config('enable_sort', 'off', true), \
+             set_config('synchronous_commit', 'off', true)"
         );
         if request.ordering == Ordering::PerRoom {
             prelude.push_str("; ");
@@ -467,8 +466,7 @@ impl SeaOrmStore {
             // lag behind the queue, a scan of every published row can look cheaper than
             // the partial pending index.
             let txn = self.db.begin().await?;
-            txn.execute_unprepared("SELECT set_config('enable_seqscan', 'off', true)")
-                .await?;
+            txn.execute_unprepared(PIN_INDEX_PLAN).await?;
             let row = txn.query_one(Params::new(backend).statement(sql)).await?;
             txn.commit().await?;
             row
