@@ -100,6 +100,12 @@ pub struct Fetcher {
     unsure: bool,
     /// The backoff after the next failed claim.
     backoff: Duration,
+    /// A Tick was turned away, or its claim cut short, until outcomes are written (the
+    /// in-flight bound, or orphans of a failed claim): the next [`Marked`] wakes the
+    /// Scheduler. Other Marked messages do not, since a written outcome makes no row
+    /// claimable for this node: rows behind its own leases are claimable already, and a
+    /// failure puts its row into a backoff that the poll ends.
+    deferred: bool,
     /// `outbox_claim_batch_size`.
     sizes: ClaimSizes,
 }
@@ -132,6 +138,7 @@ impl Fetcher {
             retry_at: None,
             unsure: false,
             backoff: FIRST_CLAIM_BACKOFF,
+            deferred: false,
             sizes: ClaimSizes::new(),
         }
     }
@@ -183,11 +190,17 @@ impl Handler<Tick> for Fetcher {
         let room = self.max_in_flight.saturating_sub(self.in_flight);
         let backing_off = self.retry_at.is_some_and(|at| Instant::now() < at);
         let waiting_for_orphans = self.unsure && self.in_flight > 0;
+        if room == 0 || waiting_for_orphans {
+            self.deferred = true;
+        }
         if self.stopped || room == 0 || backing_off || waiting_for_orphans {
             return AtomicResponse::new(Box::pin(fut::ready(TickReport::default())));
         }
         let mut request = self.request.clone();
-        request.limit = request.limit.min(room);
+        if room < request.limit {
+            request.limit = room;
+            self.deferred = true;
+        }
         let store = Arc::clone(&self.store);
         let release_first = self.unsure;
         AtomicResponse::new(Box::pin(
@@ -259,10 +272,11 @@ impl Handler<Marked> for Fetcher {
                 .unhold
                 .do_send(Unhold { room_id, count });
         }
-        // Claim again now rather than at the next poll: under `per_room` the rows behind
-        // the ones just marked only became claimable with this commit. Outcomes arrive
-        // only for claimed rows, so this cannot loop on an idle table.
-        if !self.stopped {
+        // Claim again now rather than at the next poll if a claim waited for this capacity.
+        // Waking on every Marked kept claims running back to back under a steady trickle
+        // of events, so an event committed during a claim waited for it and the next one.
+        if self.deferred && !self.stopped {
+            self.deferred = false;
             self.scheduler.do_send(Wake);
         }
     }
@@ -293,13 +307,18 @@ mod tests {
     use outbox_core::Ordering;
     use std::sync::atomic::Ordering as AtomicOrdering;
 
-    fn fetcher(
-        store: Arc<FakeStore>,
-        lease: Duration,
-    ) -> (Addr<Fetcher>, crate::fakes::Seen<Publish>) {
+    /// A fetcher with a pool of one collecting publisher, and the Scheduler's view.
+    struct Rig {
+        fetcher: Addr<Fetcher>,
+        published: crate::fakes::Seen<Publish>,
+        scheduler: Addr<Collector<Wake>>,
+        wakes: crate::fakes::Seen<Wake>,
+    }
+
+    fn rig(store: Arc<FakeStore>, lease: Duration) -> Rig {
         let (publish, published) = Collector::<Publish>::start();
         let (unhold, _) = Collector::<Unhold>::start();
-        let (wake, _) = Collector::<Wake>::start();
+        let (scheduler, wakes) = Collector::<Wake>::start();
         let handle = PublisherHandle {
             publish: publish.recipient(),
             unhold: unhold.recipient(),
@@ -310,8 +329,28 @@ mod tests {
             lease,
             ordering: Ordering::PerRoom,
         };
-        let fetcher = Fetcher::new(store, vec![handle], wake.recipient(), request, 20).start();
-        (fetcher, published)
+        let fetcher = Fetcher::new(
+            store,
+            vec![handle],
+            scheduler.clone().recipient(),
+            request,
+            20,
+        )
+        .start();
+        Rig {
+            fetcher,
+            published,
+            scheduler,
+            wakes,
+        }
+    }
+
+    fn fetcher(
+        store: Arc<FakeStore>,
+        lease: Duration,
+    ) -> (Addr<Fetcher>, crate::fakes::Seen<Publish>) {
+        let rig = rig(store, lease);
+        (rig.fetcher, rig.published)
     }
 
     #[actix_rt::test]
@@ -364,6 +403,52 @@ mod tests {
             fetcher.send(Tick).await.unwrap().claimed,
             0,
             "stopped: no more claims"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn written_outcomes_wake_the_scheduler_only_when_a_claim_waited_for_them() {
+        let store = Arc::new(FakeStore::default());
+        store
+            .claimable
+            .lock()
+            .unwrap()
+            .extend((1..=25).map(|id| record(id, "a")));
+        let rig = rig(Arc::clone(&store), Duration::from_secs(30));
+        // How many Wakes the Fetcher has sent: once the collector has answered the test's
+        // own Wake, every Wake queued ahead of it has been handled.
+        let mine = std::cell::Cell::new(0);
+        let fetchers_wakes = || async {
+            rig.scheduler.send(Wake).await.unwrap();
+            mine.set(mine.get() + 1);
+            rig.wakes.wait_for(0, Duration::ZERO).await.len() - mine.get()
+        };
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 10);
+        rig.fetcher.do_send(Marked {
+            count: 5,
+            unheld: Vec::new(),
+        });
+        rig.fetcher.send(Tick).await.unwrap();
+        assert_eq!(
+            fetchers_wakes().await,
+            0,
+            "no claim waited for that capacity"
+        );
+        // 15 rows in flight: this claim is cut short at the bound of 20.
+        rig.fetcher.send(Tick).await.unwrap();
+        rig.fetcher.do_send(Marked {
+            count: 1,
+            unheld: Vec::new(),
+        });
+        rig.fetcher.do_send(Marked {
+            count: 1,
+            unheld: Vec::new(),
+        });
+        rig.fetcher.send(Tick).await.unwrap();
+        assert_eq!(
+            fetchers_wakes().await,
+            1,
+            "one wake for the claim that waited"
         );
     }
 

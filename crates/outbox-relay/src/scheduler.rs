@@ -6,7 +6,7 @@ use std::time::Duration;
 use tracing::warn;
 
 /// "Claim again": outcomes were written, freeing capacity and unblocking rooms.
-#[derive(Message, Debug)]
+#[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct Wake;
 
