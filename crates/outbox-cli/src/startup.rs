@@ -58,7 +58,7 @@ pub async fn start_relay(
     let mut relay = Relay::start(Arc::new(store.clone()), ports, config.relay.clone()).await?;
     if config.database.notify && store.connection().get_database_backend() == DbBackend::Postgres {
         let wake_ups = spawn_wake_ups(config, relay.waker());
-        relay.attach(wake_ups);
+        relay.attach_insert_feed(wake_ups);
     }
     Ok(relay)
 }

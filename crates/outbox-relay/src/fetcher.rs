@@ -58,6 +58,12 @@ where
     }
 }
 
+/// New rows wake the relay on their own (PostgreSQL's NOTIFY feeds the Scheduler): a
+/// written outcome need not make the Fetcher look for them.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct InsertsAnnounced;
+
 /// Claim nothing more; answered once any claim under way has been dispatched.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
@@ -102,10 +108,15 @@ pub struct Fetcher {
     backoff: Duration,
     /// A Tick was turned away, or its claim cut short, until outcomes are written (the
     /// in-flight bound, or orphans of a failed claim): the next [`Marked`] wakes the
-    /// Scheduler. Other Marked messages do not, since a written outcome makes no row
-    /// claimable for this node: rows behind its own leases are claimable already, and a
-    /// failure puts its row into a backoff that the poll ends.
+    /// Scheduler.
     deferred: bool,
+    /// New rows wake the Scheduler themselves ([`InsertsAnnounced`]). Then only a
+    /// `deferred` claim needs a [`Marked`] to wake it: a written outcome makes no row
+    /// claimable for this node (rows behind its own leases are claimable already, and a
+    /// failure puts its row into a backoff that the poll ends). Without announcements every
+    /// Marked wakes the Scheduler: while events keep coming, the relay keeps looking for
+    /// them instead of waiting for the poll.
+    announced: bool,
     /// `outbox_claim_batch_size`.
     sizes: ClaimSizes,
 }
@@ -139,6 +150,7 @@ impl Fetcher {
             unsure: false,
             backoff: FIRST_CLAIM_BACKOFF,
             deferred: false,
+            announced: false,
             sizes: ClaimSizes::new(),
         }
     }
@@ -272,10 +284,11 @@ impl Handler<Marked> for Fetcher {
                 .unhold
                 .do_send(Unhold { room_id, count });
         }
-        // Claim again now rather than at the next poll if a claim waited for this capacity.
-        // Waking on every Marked kept claims running back to back under a steady trickle
-        // of events, so an event committed during a claim waited for it and the next one.
-        if self.deferred && !self.stopped {
+        // Claim again now rather than at the next poll. With inserts announced, only if a
+        // claim waited for this capacity: waking on every Marked as well kept claims
+        // running back to back under a steady trickle, each new event already having
+        // woken one.
+        if (self.deferred || !self.announced) && !self.stopped {
             self.deferred = false;
             self.scheduler.do_send(Wake);
         }
@@ -288,6 +301,14 @@ impl Handler<Stop> for Fetcher {
     fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
         self.stopped = true;
         ctx.stop();
+    }
+}
+
+impl Handler<InsertsAnnounced> for Fetcher {
+    type Result = ();
+
+    fn handle(&mut self, _: InsertsAnnounced, _: &mut Self::Context) {
+        self.announced = true;
     }
 }
 
@@ -407,7 +428,7 @@ mod tests {
     }
 
     #[actix_rt::test]
-    async fn written_outcomes_wake_the_scheduler_only_when_a_claim_waited_for_them() {
+    async fn with_announced_inserts_outcomes_wake_the_scheduler_only_when_a_claim_waited() {
         let store = Arc::new(FakeStore::default());
         store
             .claimable
@@ -415,6 +436,7 @@ mod tests {
             .unwrap()
             .extend((1..=25).map(|id| record(id, "a")));
         let rig = rig(Arc::clone(&store), Duration::from_secs(30));
+        rig.fetcher.do_send(InsertsAnnounced);
         // How many Wakes the Fetcher has sent: once the collector has answered the test's
         // own Wake, every Wake queued ahead of it has been handled.
         let mine = std::cell::Cell::new(0);
@@ -450,6 +472,19 @@ mod tests {
             1,
             "one wake for the claim that waited"
         );
+    }
+
+    #[actix_rt::test]
+    async fn without_announced_inserts_every_written_outcome_wakes_the_scheduler() {
+        let store = Arc::new(FakeStore::default());
+        store.claimable.lock().unwrap().push(record(1, "a"));
+        let rig = rig(Arc::clone(&store), Duration::from_secs(30));
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 1);
+        rig.fetcher.do_send(Marked {
+            count: 1,
+            unheld: Vec::new(),
+        });
+        rig.wakes.wait_for(1, Duration::from_secs(5)).await;
     }
 
     #[actix_rt::test]

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! - [`scheduler`]: when to claim — at start, every `poll_interval`, at once again while
-//!   claims come back full, and when capacity frees up.
+//!   claims come back full, when capacity frees up, and on each insert where the database
+//!   announces them (else whenever outcomes were written).
 //! - [`fetcher`]: claims batches through the [`outbox_core::OutboxStore`] port, bounds the
 //!   rows in flight, routes each record to its room's publisher.
 //! - [`publisher`]: one per confirm channel; many publishes in flight, at most one per
@@ -27,7 +28,9 @@ pub mod publisher;
 pub mod relay;
 pub mod scheduler;
 
-pub use fetcher::{Fetcher, Marked, PublisherHandle, Stop, StopClaiming, Tick, TickReport};
+pub use fetcher::{
+    Fetcher, InsertsAnnounced, Marked, PublisherHandle, Stop, StopClaiming, Tick, TickReport,
+};
 pub use janitor::{Janitor, JanitorOptions, StopSweeping, Sweep, SweepReport};
 pub use marker::{Marker, Outcome};
 pub use publisher::{Drain, Publish, Publisher, Unhold};

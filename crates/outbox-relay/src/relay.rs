@@ -1,6 +1,6 @@
 //! [`Relay`]: starts the actors, wired as DESIGN §3 draws them, and stops them in order.
 
-use crate::fetcher::{Fetcher, PublisherHandle, Stop, StopClaiming};
+use crate::fetcher::{Fetcher, InsertsAnnounced, PublisherHandle, Stop, StopClaiming};
 use crate::janitor::{Janitor, JanitorOptions, StopSweeping};
 use crate::marker::{Marker, MarkerOptions};
 use crate::publisher::{Drain, Publisher};
@@ -151,6 +151,14 @@ impl Relay {
     /// relay's runtime, where its resources can still be closed).
     pub fn attach(&mut self, helper: actix_rt::task::JoinHandle<()>) {
         self.helpers.push(helper);
+    }
+
+    /// Like [`Relay::attach`], for a task that sends [`crate::Wake`] whenever rows are
+    /// inserted (PostgreSQL's NOTIFY): written outcomes then stop waking the Scheduler,
+    /// which new rows already do (DESIGN §3).
+    pub fn attach_insert_feed(&mut self, feed: actix_rt::task::JoinHandle<()>) {
+        self.fetcher.do_send(InsertsAnnounced);
+        self.attach(feed);
     }
 
     /// The options the relay runs with.
