@@ -2,8 +2,9 @@
 
 use chrono::Utc;
 use outbox_core::{trim_error, ClaimRequest, Failure, MarkBatch, Ordering, OutboxStore};
-use outbox_store::NewEvent;
+use outbox_store::{NewEvent, TableName};
 use outbox_tests::{Backend, TestDatabase};
+use sea_orm::ConnectionTrait;
 use std::time::Duration;
 
 fn event(id: &str, room: &str) -> NewEvent {
@@ -283,4 +284,63 @@ async fn renewing_extends_only_this_nodes_leases() {
         "another node's lease is untouched"
     );
     database.drop_table().await;
+}
+
+/// Every node migrates on start by default: nodes started together must not fail.
+async fn runners_started_together_migrate_one_table(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let together = TableName::parse(&outbox_tests::unique_name("e2e_mig")).unwrap();
+    let alone = TableName::parse(&outbox_tests::unique_name("e2e_mig")).unwrap();
+    let mut every = outbox_store::migrate(database.db(), &alone)
+        .await
+        .expect("a lone migration");
+    let runners: Vec<_> = (0..4)
+        .map(|_| {
+            let db = database.db().clone();
+            let table = together.clone();
+            actix_rt::spawn(async move { outbox_store::migrate(&db, &table).await })
+        })
+        .collect();
+    let mut applied = Vec::new();
+    for runner in runners {
+        let names = runner
+            .await
+            .unwrap()
+            .expect("every runner started together succeeds");
+        applied.extend(names);
+    }
+    applied.sort_unstable();
+    every.sort_unstable();
+    assert_eq!(applied, every, "each migration applied once, by one runner");
+    outbox_store::insert_events(database.db(), &together, &[event("m1", "r")])
+        .await
+        .expect("the table takes inserts");
+    let store = outbox_store::SeaOrmStore::new(database.db().clone(), together.clone());
+    let claimed = store.claim(&claim("n1", 10, Ordering::PerRoom)).await;
+    assert_eq!(claimed.expect("the table works").len(), 1);
+    for table in [&together, &alone] {
+        let t = table.as_str();
+        for sql in [
+            format!("DROP TABLE IF EXISTS {t}"),
+            format!("DROP TABLE IF EXISTS {t}_migrations"),
+            format!("DROP TABLE IF EXISTS {t}_lock"),
+        ] {
+            database.db().execute_unprepared(&sql).await.unwrap();
+        }
+        if backend == Backend::Postgres {
+            let sql = format!("DROP FUNCTION IF EXISTS {t}_notify()");
+            database.db().execute_unprepared(&sql).await.unwrap();
+        }
+    }
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn postgres_runners_started_together_migrate_one_table() {
+    runners_started_together_migrate_one_table(Backend::Postgres).await;
+}
+
+#[actix_rt::test]
+async fn mariadb_runners_started_together_migrate_one_table() {
+    runners_started_together_migrate_one_table(Backend::MySql).await;
 }

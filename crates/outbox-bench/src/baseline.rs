@@ -26,18 +26,22 @@ pub struct Baseline {
     pub rate: f64,
     /// That window.
     pub window: usize,
+    /// CPU time of this process per message in that run: what lapin alone costs, for
+    /// comparison with the relay's CPU per event.
+    pub cpu_us: f64,
 }
 
 impl Baseline {
     /// Prints the table line and the JSON line.
     pub fn print(self) {
         println!(
-            "baseline: {} messages, best window {}: {:.0} msg/s",
-            self.events, self.window, self.rate
+            "baseline: {} messages, best window {}: {:.0} msg/s, CPU {:.1} µs/message",
+            self.events, self.window, self.rate, self.cpu_us
         );
         println!(
             "{}",
-            serde_json::json!({"scenario": "baseline", "events": self.events, "window": self.window, "events_per_sec": self.rate.round()})
+            serde_json::json!({"scenario": "baseline", "events": self.events, "window": self.window,
+                "events_per_sec": self.rate.round(), "cpu_us_per_event": (self.cpu_us * 10.0).round() / 10.0})
         );
     }
 }
@@ -86,8 +90,10 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
         events,
         rate: 0.0,
         window: 0,
+        cpu_us: 0.0,
     };
     for window in [256, 1024] {
+        let cpu_before = crate::process::cpu_seconds();
         let started = Instant::now();
         let mut in_flight = VecDeque::with_capacity(window);
         for n in (0..events).map(|n| n as i64) {
@@ -112,11 +118,13 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
             expect_ack(Some(confirm)).await?;
         }
         let rate = events as f64 / started.elapsed().as_secs_f64();
+        let cpu_us = (crate::process::cpu_seconds() - cpu_before) / events.max(1) as f64 * 1e6;
         if rate > best.rate {
             best = Baseline {
                 events,
                 rate,
                 window,
+                cpu_us,
             };
         }
         channel

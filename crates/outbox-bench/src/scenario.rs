@@ -241,6 +241,8 @@ struct DrainRun {
     duplicates: usize,
     /// Baseline rate in the same run, when measured.
     baseline: Option<f64>,
+    /// The baseline's CPU µs per message (lapin alone), when measured.
+    baseline_cpu_us: Option<f64>,
 }
 
 impl DrainRun {
@@ -284,7 +286,8 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
             run.duplicates,
             match run.baseline {
                 Some(baseline) => format!(
-                    " | baseline {baseline:.0} msg/s | ratio {:.2}",
+                    " | baseline {baseline:.0} msg/s, CPU {:.1} µs/message | ratio {:.2}",
+                    run.baseline_cpu_us.unwrap_or(f64::NAN),
                     run.rate / baseline
                 ),
                 None => String::new(),
@@ -334,6 +337,8 @@ fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
     if runs.iter().all(|r| r.baseline.is_some()) && !runs.is_empty() {
         json["baseline_events_per_sec"] = pick(|r| r.baseline.unwrap_or(0.0)).round().into();
         json["ratio"] = round(pick(|r| r.ratio().unwrap_or(0.0)), 2).into();
+        json["baseline_cpu_us_per_event"] =
+            round(pick(|r| r.baseline_cpu_us.unwrap_or(0.0)), 1).into();
     }
     json
 }
@@ -393,7 +398,7 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     let baseline = if args.no_baseline {
         None
     } else {
-        Some(baseline::run(args.events).await?.rate)
+        Some(baseline::run(args.events).await?)
     };
     Ok(DrainRun {
         seconds,
@@ -401,7 +406,8 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
         cpu_us: cpu / args.events as f64 * 1e6,
         rss_mib,
         duplicates: report.duplicates,
-        baseline,
+        baseline: baseline.map(|b| b.rate),
+        baseline_cpu_us: baseline.map(|b| b.cpu_us),
     })
 }
 

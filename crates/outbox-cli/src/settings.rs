@@ -413,6 +413,17 @@ impl Settings {
         );
         let publishers = positive("relay.publishers", relay.publishers, 4, &mut warnings);
         let batch_size = positive("relay.batch_size", relay.batch_size, 100, &mut warnings);
+        // A MySQL claim binds one value per claimed row (its limit is 65,535), and the
+        // relay holds 4 × batch_size records in memory.
+        let batch_bound = check.take(if batch_size > MAX_BATCH_SIZE {
+            Err(ConfigError::Invalid {
+                key: "relay.batch_size".into(),
+                value: batch_size.to_string(),
+                accepted: format!("a whole number from 1 to {MAX_BATCH_SIZE}"),
+            })
+        } else {
+            Ok(())
+        });
         let max_attempts =
             check.take(
                 u32::try_from(relay.max_attempts).map_err(|_| ConfigError::Invalid {
@@ -519,6 +530,7 @@ impl Settings {
             Some(()),
             Some(metrics_listen),
             Some(tls_ca_pem),
+            Some(()),
         ) = (
             database_url,
             amqp_url,
@@ -538,6 +550,7 @@ impl Settings {
             log_level,
             metrics_listen,
             tls_ca_pem,
+            batch_bound,
         )
         else {
             return Err(check.errors);
@@ -706,6 +719,9 @@ fn retention(value: &str, warnings: &mut Vec<String>) -> Result<Option<Duration>
 }
 
 /// A size that must be positive; zero or less means the default, with a warning.
+/// The largest `relay.batch_size`.
+const MAX_BATCH_SIZE: usize = 10_000;
+
 fn positive(key: &str, value: i64, default: usize, warnings: &mut Vec<String>) -> usize {
     match usize::try_from(value) {
         Ok(value) if value > 0 => value,
@@ -906,6 +922,16 @@ mod tests {
         );
         let warnings = config.warnings.join("\n");
         assert!(warnings.contains("relay.retention"), "{warnings}");
+    }
+
+    #[test]
+    fn a_batch_size_beyond_the_bound_is_rejected() {
+        let error = load("[relay]\nbatch_size = 100000", &[]).unwrap_err();
+        assert!(
+            error.contains("relay.batch_size") && error.contains("1 to 10000"),
+            "{error}"
+        );
+        assert!(load("[relay]\nbatch_size = 10000", &[]).is_ok());
     }
 
     #[test]

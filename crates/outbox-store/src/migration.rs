@@ -7,7 +7,9 @@
 //! indexes exist only on PostgreSQL and SQLite.
 
 use crate::sql::{Params, TableName};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionTrait};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, TransactionTrait,
+};
 
 /// One schema change.
 struct Migration {
@@ -157,6 +159,12 @@ fn create_table(backend: DbBackend, t: &str) -> Vec<String> {
 
 /// Creates or upgrades `table` and its indexes; returns the names of the migrations applied
 /// now (empty when the table was already current).
+///
+/// Safe to run from several processes at once (every node migrates on start by default):
+/// each step takes a lock named after the table first, so runners take turns and each
+/// sees the others' work — on PostgreSQL a transaction-scoped advisory lock, on MySQL a
+/// named lock (`GET_LOCK`), which outlives the transactions that MySQL's DDL commits on
+/// its own. SQLite serialises writers itself.
 pub async fn migrate(
     db: &DatabaseConnection,
     table: &TableName,
@@ -168,35 +176,109 @@ pub async fn migrate(
         DbBackend::Sqlite => "DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP",
         DbBackend::MySql => "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
     };
-    db.execute_unprepared(&format!(
+    let create = format!(
         "CREATE TABLE IF NOT EXISTS {t}_migrations (name VARCHAR(128) NOT NULL PRIMARY KEY, applied_at {applied_at})"
-    ))
-    .await?;
+    );
+    let txn = lock(db, t).await?;
+    let created = txn.execute_unprepared(&create).await.map(|_| ());
+    unlock(txn, t, created).await?;
 
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
-        let txn = db.begin().await?;
-        let mut params = Params::new(backend);
-        let name = params.bind(migration.name);
-        let done = txn
-            .query_one(params.statement(format!(
-                "SELECT name FROM {t}_migrations WHERE name = {name}"
-            )))
-            .await?
-            .is_some();
-        if !done {
-            for statement in (migration.statements)(backend, t) {
-                txn.execute_unprepared(&statement).await?;
-            }
-            let mut params = Params::new(backend);
-            let name = params.bind(migration.name);
-            txn.execute(
-                params.statement(format!("INSERT INTO {t}_migrations (name) VALUES ({name})")),
-            )
-            .await?;
-            applied.push(migration.name);
+        let txn = lock(db, t).await?;
+        let done = apply(&txn, t, migration).await;
+        let done = unlock(txn, t, done).await;
+        match done {
+            Ok(true) => applied.push(migration.name),
+            Ok(false) => {}
+            // MySQL: the lock is let go before the last commit, so a runner that comes
+            // next may insert the same name and fail once the first one commits.
+            Err(_) if is_recorded(db, t, migration.name).await? => {}
+            Err(error) => return Err(error),
         }
-        txn.commit().await?;
     }
     Ok(applied)
+}
+
+/// How long a runner waits for another one's migration step (MySQL's `GET_LOCK`; on
+/// PostgreSQL the wait has no bound of its own, like any lock wait).
+const MIGRATION_LOCK_WAIT_SECS: u32 = 120;
+
+/// Applies `migration` unless it is recorded; `true` if this call applied it.
+async fn apply(txn: &DatabaseTransaction, t: &str, migration: &Migration) -> Result<bool, DbErr> {
+    let backend = txn.get_database_backend();
+    if is_recorded(txn, t, migration.name).await? {
+        return Ok(false);
+    }
+    for statement in (migration.statements)(backend, t) {
+        txn.execute_unprepared(&statement).await?;
+    }
+    let mut params = Params::new(backend);
+    let name = params.bind(migration.name);
+    txn.execute(params.statement(format!("INSERT INTO {t}_migrations (name) VALUES ({name})")))
+        .await?;
+    Ok(true)
+}
+
+/// The name of the table's migration lock.
+fn lock_name(t: &str) -> String {
+    format!("{t}_migrations")
+}
+
+/// A transaction holding the table's migration lock.
+async fn lock(db: &DatabaseConnection, t: &str) -> Result<DatabaseTransaction, DbErr> {
+    let backend = db.get_database_backend();
+    let txn = db.begin().await?;
+    let mut params = Params::new(backend);
+    let name = params.bind(lock_name(t));
+    match backend {
+        DbBackend::Postgres => {
+            txn.execute(
+                params.statement(format!("SELECT pg_advisory_xact_lock(hashtext({name}))")),
+            )
+            .await?;
+        }
+        DbBackend::MySql => {
+            let wait = params.bind(i64::from(MIGRATION_LOCK_WAIT_SECS));
+            let got = txn
+                .query_one(params.statement(format!("SELECT GET_LOCK({name}, {wait}) AS got")))
+                .await?
+                .and_then(|row| row.try_get::<Option<i64>>("", "got").ok().flatten());
+            if got != Some(1) {
+                return Err(DbErr::Custom(format!(
+                    "another migration of table {t} held its lock for {MIGRATION_LOCK_WAIT_SECS} s"
+                )));
+            }
+        }
+        DbBackend::Sqlite => {}
+    }
+    Ok(txn)
+}
+
+/// Ends a step taken under [`lock`]: lets the lock go and commits if the step succeeded.
+async fn unlock<T>(txn: DatabaseTransaction, t: &str, step: Result<T, DbErr>) -> Result<T, DbErr> {
+    let backend = txn.get_database_backend();
+    if backend == DbBackend::MySql {
+        // A named lock belongs to the connection, not the transaction: let it go before
+        // the connection goes back to the pool, whatever the step came to.
+        let mut params = Params::new(backend);
+        let name = params.bind(lock_name(t));
+        txn.execute(params.statement(format!("DO RELEASE_LOCK({name})")))
+            .await?;
+    }
+    let value = step?;
+    txn.commit().await?;
+    Ok(value)
+}
+
+/// `name` is in `<table>_migrations`.
+async fn is_recorded<C: ConnectionTrait>(db: &C, t: &str, name: &str) -> Result<bool, DbErr> {
+    let mut params = Params::new(db.get_database_backend());
+    let name = params.bind(name);
+    Ok(db
+        .query_one(params.statement(format!(
+            "SELECT name FROM {t}_migrations WHERE name = {name}"
+        )))
+        .await?
+        .is_some())
 }

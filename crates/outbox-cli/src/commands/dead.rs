@@ -61,7 +61,7 @@ pub async fn dead(config: Config, command: DeadCommand) -> anyhow::Result<()> {
                 Requeue::EventIds(event_ids)
             };
             let requeued = store.requeue_dead(&which).await?;
-            let who = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+            let who = super::operator();
             info!(requeued, by = %who, selection = ?which, "dead events requeued");
             println!("requeued {requeued} dead event(s)");
         }

@@ -23,3 +23,47 @@ pub async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Purge(args) => purge::purge(config, args).await,
     }
 }
+
+/// Who runs an operator command, for the audit log line: `$USER`, else `$LOGNAME`, else
+/// the numeric user id (systemd units and containers often set neither variable).
+fn operator() -> String {
+    operator_from(|name| std::env::var(name).ok())
+}
+
+fn operator_from(var: impl Fn(&str) -> Option<String>) -> String {
+    use std::os::unix::fs::MetadataExt;
+    ["USER", "LOGNAME"]
+        .into_iter()
+        .find_map(|name| var(name).filter(|value| !value.is_empty()))
+        .or_else(|| {
+            std::fs::metadata("/proc/self")
+                .ok()
+                .map(|process| format!("uid:{}", process.uid()))
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::operator_from;
+
+    #[test]
+    fn the_operator_is_the_user_then_the_login_name_then_the_user_id() {
+        let env = |user: Option<&str>, login: Option<&str>| {
+            let (user, login) = (user.map(String::from), login.map(String::from));
+            operator_from(move |name| match name {
+                "USER" => user.clone(),
+                "LOGNAME" => login.clone(),
+                _ => None,
+            })
+        };
+        assert_eq!(env(Some("ana"), Some("bo")), "ana");
+        assert_eq!(env(Some(""), Some("bo")), "bo");
+        let uid = env(None, None);
+        assert!(
+            uid.strip_prefix("uid:")
+                .is_some_and(|n| n.parse::<u32>().is_ok()),
+            "{uid}"
+        );
+    }
+}

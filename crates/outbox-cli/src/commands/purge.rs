@@ -23,7 +23,7 @@ pub async fn purge(config: Config, args: PurgeArgs) -> anyhow::Result<()> {
     if args.dead {
         targets.push((PurgeTarget::Dead, "dead", "created"));
     }
-    let who = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let who = super::operator();
     for (target, status, when) in targets {
         let deleted = purge_all(&store, target, older_than)
             .await
