@@ -6,7 +6,7 @@ use actix::Recipient;
 use anyhow::Context as _;
 use outbox_amqp::Broker;
 use outbox_core::EventPublisher;
-use outbox_relay::{Relay, Wake};
+use outbox_relay::{InsertsAnnounced, Relay, Wake};
 use outbox_store::{InsertListener, SeaOrmStore};
 use sea_orm::{ConnectionTrait, DbBackend};
 use std::sync::Arc;
@@ -57,43 +57,58 @@ pub async fn start_relay(
     }
     let mut relay = Relay::start(Arc::new(store.clone()), ports, config.relay.clone()).await?;
     if config.database.notify && store.connection().get_database_backend() == DbBackend::Postgres {
-        let wake_ups = spawn_wake_ups(config, relay.waker());
-        relay.attach_insert_feed(wake_ups);
+        let wake_ups = spawn_wake_ups(config, relay.waker(), relay.announcer());
+        relay.attach(wake_ups);
     }
     Ok(relay)
 }
 
-/// LISTENs for the insert trigger's NOTIFY and wakes the relay; reconnects with backoff
-/// when the listening connection is lost (and wakes the relay then, since notifications
-/// may have been missed). Polling goes on regardless, so a lost listener only costs latency.
-fn spawn_wake_ups(config: &Config, waker: Recipient<Wake>) -> actix_rt::task::JoinHandle<()> {
+/// LISTENs for the insert trigger's NOTIFY and wakes the relay; connects, and reconnects
+/// when the listening connection is lost, with backoff (and wakes the relay then, since
+/// notifications may have been missed). Tells the relay whether it is listening: while it
+/// is not, the relay claims after every written batch of outcomes, as without wake-ups.
+/// Polling goes on regardless, so a lost listener only costs latency.
+fn spawn_wake_ups(
+    config: &Config,
+    waker: Recipient<Wake>,
+    announcer: Recipient<InsertsAnnounced>,
+) -> actix_rt::task::JoinHandle<()> {
     let url = config.database.url.clone();
     let table = config.database.table.clone();
     actix_rt::spawn(async move {
-        let mut listener = match InsertListener::connect(&url, &table).await {
-            Ok(listener) => listener,
-            Err(error) => {
-                warn!(%error, "cannot LISTEN for inserts; relying on polling");
-                return;
-            }
-        };
-        debug!(channel = %table, "listening for inserts");
+        let mut listener: Option<InsertListener> = None;
+        // What the relay was last told; it starts out not knowing of a listener.
+        let mut announced = false;
         let mut backoff = Duration::from_millis(100);
-        let mut failing = false;
         while waker.connected() {
-            match listener.wait().await {
+            let listening = match listener.as_mut() {
+                Some(listener) => listener.wait().await,
+                None => InsertListener::connect(&url, &table)
+                    .await
+                    .map(|connected| {
+                        debug!(channel = %table, "listening for inserts");
+                        listener = Some(connected);
+                    }),
+            };
+            match listening {
                 Ok(()) => {
-                    if failing {
-                        info!("insert listener reconnected");
-                        failing = false;
-                        backoff = Duration::from_millis(100);
+                    if !announced {
+                        if backoff > Duration::from_millis(100) {
+                            info!("insert listener connected again");
+                        }
+                        announcer.do_send(InsertsAnnounced(true));
+                        announced = true;
                     }
+                    backoff = Duration::from_millis(100);
                     waker.do_send(Wake);
                 }
                 Err(error) => {
-                    if !failing {
-                        warn!(%error, "insert listener lost its connection; polling until it reconnects");
-                        failing = true;
+                    if announced || backoff == Duration::from_millis(100) {
+                        warn!(%error, "cannot LISTEN for inserts; polling until the listener connects");
+                    }
+                    if announced {
+                        announcer.do_send(InsertsAnnounced(false));
+                        announced = false;
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(10));

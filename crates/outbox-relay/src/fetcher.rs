@@ -58,11 +58,11 @@ where
     }
 }
 
-/// New rows wake the relay on their own (PostgreSQL's NOTIFY feeds the Scheduler): a
-/// written outcome need not make the Fetcher look for them.
-#[derive(Message, Debug)]
+/// Whether new rows wake the relay on their own (`true` while PostgreSQL's NOTIFY feeds
+/// the Scheduler): if so, a written outcome need not make the Fetcher look for them.
+#[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
-pub struct InsertsAnnounced;
+pub struct InsertsAnnounced(pub bool);
 
 /// Claim nothing more; answered once any claim under way has been dispatched.
 #[derive(Message, Debug)]
@@ -307,8 +307,8 @@ impl Handler<Stop> for Fetcher {
 impl Handler<InsertsAnnounced> for Fetcher {
     type Result = ();
 
-    fn handle(&mut self, _: InsertsAnnounced, _: &mut Self::Context) {
-        self.announced = true;
+    fn handle(&mut self, InsertsAnnounced(announced): InsertsAnnounced, _: &mut Self::Context) {
+        self.announced = announced;
     }
 }
 
@@ -436,7 +436,7 @@ mod tests {
             .unwrap()
             .extend((1..=25).map(|id| record(id, "a")));
         let rig = rig(Arc::clone(&store), Duration::from_secs(30));
-        rig.fetcher.do_send(InsertsAnnounced);
+        rig.fetcher.do_send(InsertsAnnounced(true));
         // How many Wakes the Fetcher has sent: once the collector has answered the test's
         // own Wake, every Wake queued ahead of it has been handled.
         let mine = std::cell::Cell::new(0);
@@ -477,14 +477,26 @@ mod tests {
     #[actix_rt::test]
     async fn without_announced_inserts_every_written_outcome_wakes_the_scheduler() {
         let store = Arc::new(FakeStore::default());
-        store.claimable.lock().unwrap().push(record(1, "a"));
+        store
+            .claimable
+            .lock()
+            .unwrap()
+            .extend([record(1, "a"), record(2, "b")]);
         let rig = rig(Arc::clone(&store), Duration::from_secs(30));
-        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 1);
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 2);
         rig.fetcher.do_send(Marked {
             count: 1,
             unheld: Vec::new(),
         });
         rig.wakes.wait_for(1, Duration::from_secs(5)).await;
+        // The listener came and went (a lost connection): back to waking on outcomes.
+        rig.fetcher.do_send(InsertsAnnounced(true));
+        rig.fetcher.do_send(InsertsAnnounced(false));
+        rig.fetcher.do_send(Marked {
+            count: 1,
+            unheld: Vec::new(),
+        });
+        rig.wakes.wait_for(2, Duration::from_secs(5)).await;
     }
 
     #[actix_rt::test]

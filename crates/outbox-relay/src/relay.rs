@@ -153,12 +153,10 @@ impl Relay {
         self.helpers.push(helper);
     }
 
-    /// Like [`Relay::attach`], for a task that sends [`crate::Wake`] whenever rows are
-    /// inserted (PostgreSQL's NOTIFY): written outcomes then stop waking the Scheduler,
-    /// which new rows already do (DESIGN §3).
-    pub fn attach_insert_feed(&mut self, feed: actix_rt::task::JoinHandle<()>) {
-        self.fetcher.do_send(InsertsAnnounced);
-        self.attach(feed);
+    /// Where a feed of inserts (PostgreSQL's NOTIFY) says whether it is listening: while
+    /// it is, written outcomes stop waking the Scheduler, which new rows already do.
+    pub fn announcer(&self) -> Recipient<InsertsAnnounced> {
+        self.fetcher.clone().recipient()
     }
 
     /// The options the relay runs with.
