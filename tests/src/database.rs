@@ -148,10 +148,15 @@ impl TestDatabase {
     /// Drops the table (and the SQLite file). Call at the end of a passing test.
     pub async fn drop_table(self) {
         let t = self.table.as_str();
-        for sql in [
+        let mut drops = vec![
             format!("DROP TABLE IF EXISTS {t}"),
             format!("DROP TABLE IF EXISTS {t}_migrations"),
-        ] {
+            format!("DROP TABLE IF EXISTS {t}_lock"),
+        ];
+        if self.backend() == DbBackend::Postgres {
+            drops.push(format!("DROP FUNCTION IF EXISTS {t}_notify()"));
+        }
+        for sql in drops {
             let _ = self
                 .db()
                 .execute(Statement::from_string(self.backend(), sql))
