@@ -59,29 +59,20 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
         .filter(|row| row.status == "published")
         .map(|row| row.event_id.as_str())
         .collect();
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let received: HashSet<String> = broker
-            .received()
-            .into_iter()
-            .map(|r| r.message_id)
-            .collect();
-        let missing: Vec<&str> = marked
-            .iter()
-            .copied()
-            .filter(|id| !received.contains(*id))
-            .collect();
-        if missing.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "{} events marked published never arrived, e.g. {}",
-            missing.len(),
-            missing[0]
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    outbox_tests::eventually(
+        "every event marked published to reach the consumer",
+        Duration::from_secs(10),
+        || {
+            let received: HashSet<String> = broker
+                .received()
+                .into_iter()
+                .map(|r| r.message_id)
+                .collect();
+            let all = marked.iter().all(|id| received.contains(*id));
+            async move { all }
+        },
+    )
+    .await;
 
     let second = RelayProcess::spawn(crate::RELAY, &settings);
     database.wait_all_published(Duration::from_secs(120)).await;

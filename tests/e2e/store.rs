@@ -4,7 +4,6 @@ use chrono::Utc;
 use outbox_core::{trim_error, ClaimRequest, Failure, MarkBatch, Ordering, OutboxStore};
 use outbox_store::{NewEvent, TableName};
 use outbox_tests::{Backend, TestDatabase};
-use sea_orm::ConnectionTrait;
 use std::time::Duration;
 
 fn event(id: &str, room: &str) -> NewEvent {
@@ -319,18 +318,7 @@ async fn runners_started_together_migrate_one_table(backend: Backend) {
     let claimed = store.claim(&claim("n1", 10, Ordering::PerRoom)).await;
     assert_eq!(claimed.expect("the table works").len(), 1);
     for table in [&together, &alone] {
-        let t = table.as_str();
-        for sql in [
-            format!("DROP TABLE IF EXISTS {t}"),
-            format!("DROP TABLE IF EXISTS {t}_migrations"),
-            format!("DROP TABLE IF EXISTS {t}_lock"),
-        ] {
-            database.db().execute_unprepared(&sql).await.unwrap();
-        }
-        if backend == Backend::Postgres {
-            let sql = format!("DROP FUNCTION IF EXISTS {t}_notify()");
-            database.db().execute_unprepared(&sql).await.unwrap();
-        }
+        database.drop_outbox(table).await;
     }
     database.drop_table().await;
 }

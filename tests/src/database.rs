@@ -145,9 +145,9 @@ impl TestDatabase {
         self.db().get_database_backend()
     }
 
-    /// Drops the table (and the SQLite file). Call at the end of a passing test.
-    pub async fn drop_table(self) {
-        let t = self.table.as_str();
+    /// Drops `table` of this database and what its migrations made beside it.
+    pub async fn drop_outbox(&self, table: &TableName) {
+        let t = table.as_str();
         let mut drops = vec![
             format!("DROP TABLE IF EXISTS {t}"),
             format!("DROP TABLE IF EXISTS {t}_migrations"),
@@ -162,6 +162,11 @@ impl TestDatabase {
                 .execute(Statement::from_string(self.backend(), sql))
                 .await;
         }
+    }
+
+    /// Drops the table (and the SQLite file). Call at the end of a passing test.
+    pub async fn drop_table(self) {
+        self.drop_outbox(&self.table).await;
         let _ = self.db().clone().close().await;
         if let Some(file) = self.file {
             for suffix in ["", "-wal", "-shm"] {

@@ -79,7 +79,9 @@ fn spawn_wake_ups(
         let mut listener: Option<InsertListener> = None;
         // What the relay was last told; it starts out not knowing of a listener.
         let mut announced = false;
-        let mut backoff = Duration::from_millis(100);
+        // Back at FIRST_RETRY: no failure since the last success (or the start).
+        const FIRST_RETRY: Duration = Duration::from_millis(100);
+        let mut backoff = FIRST_RETRY;
         while waker.connected() {
             let listening = match listener.as_mut() {
                 Some(listener) => listener.wait().await,
@@ -93,17 +95,17 @@ fn spawn_wake_ups(
             match listening {
                 Ok(()) => {
                     if !announced {
-                        if backoff > Duration::from_millis(100) {
+                        if backoff > FIRST_RETRY {
                             info!("insert listener connected again");
                         }
                         announcer.do_send(InsertsAnnounced(true));
                         announced = true;
                     }
-                    backoff = Duration::from_millis(100);
+                    backoff = FIRST_RETRY;
                     waker.do_send(Wake);
                 }
                 Err(error) => {
-                    if announced || backoff == Duration::from_millis(100) {
+                    if backoff == FIRST_RETRY {
                         warn!(%error, "cannot LISTEN for inserts; polling until the listener connects");
                     }
                     if announced {
