@@ -1,4 +1,4 @@
-//! The binary's answers to bad and overridden settings (DESIGN §8).
+//! The binary's answers to bad and overridden settings (`docs/design.md#settings`).
 
 use std::process::{Command, Output};
 
