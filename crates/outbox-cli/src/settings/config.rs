@@ -1,6 +1,6 @@
 //! The settings after validation: typed, ready to connect with.
 
-use super::file::Settings;
+use super::shape::Settings;
 use crate::secrets::Secrets;
 use outbox_amqp::AmqpSettings;
 use outbox_core::RelayOptions;

@@ -3,7 +3,7 @@
 //! Loading only checks the shape (known keys, strings where strings go); the values are
 //! checked by validation, which can then report all of them at once.
 
-use super::file::Settings;
+use super::shape::Settings;
 use super::ConfigError;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;

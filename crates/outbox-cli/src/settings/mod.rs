@@ -1,7 +1,7 @@
 //! Settings (`docs/design.md#settings`): layered, then validated in one place before
 //! anything connects.
 //!
-//! - [`file`]: the file's shape and its defaults ([`Settings`]), as written.
+//! - [`shape`]: the file's shape and its defaults ([`Settings`]), as written.
 //! - [`field`]: one typed value as written ([`Field`]), so that every bad value is reported.
 //! - `load`: the layers, built-in defaults ← TOML file ← `OUTBOX_RELAY__SECTION__KEY`.
 //! - `validate`: each section checks itself and yields its part of the typed [`Config`],
@@ -13,8 +13,8 @@
 mod check;
 mod config;
 pub mod field;
-pub mod file;
 mod load;
+pub mod shape;
 mod validate;
 
 #[cfg(test)]
@@ -22,11 +22,11 @@ mod tests;
 
 pub use config::{Config, DatabaseConfig, LogConfig, LogFormat};
 pub use field::{Field, Span};
-pub use file::{
+pub use load::ENV_PREFIX;
+pub use shape::{
     AmqpSection, DatabaseSettings, LogSettings, MetricsSettings, RelaySettings, RouteSettings,
     Settings,
 };
-pub use load::ENV_PREFIX;
 pub use validate::default_node_id;
 
 use thiserror::Error;

@@ -5,7 +5,7 @@
 use super::check::{builtin, Report, Section};
 use super::config::{Config, DatabaseConfig, LogConfig};
 use super::field::Span;
-use super::file::{
+use super::shape::{
     AmqpSection, DatabaseSettings, LogSettings, MetricsSettings, RelaySettings, Settings,
 };
 use super::ConfigError;
