@@ -302,7 +302,7 @@ async fn an_empty_metrics_listen_serves_nothing() {
     let database = TestDatabase::new(Backend::Postgres).await;
     let broker = TestBroker::new("#").await;
     let settings = test_settings(&database, &broker, |settings| {
-        settings.metrics.listen = String::new();
+        settings.metrics.listen = "".into();
         settings.log.format = "json".into();
     });
     let relay = RelayProcess::spawn(crate::RELAY, &settings);

@@ -212,7 +212,7 @@ fn binary_settings(database: &TestDatabase) -> Settings {
     settings.database.url = database.url.clone();
     settings.database.table = database.table.as_str().to_owned();
     settings.database.migrate_on_start = false;
-    settings.metrics.listen = String::new();
+    settings.metrics.listen = "".into();
     settings
 }
 

@@ -1,4 +1,4 @@
-//! The binary's answers to bad and overridden settings (DESIGN §8).
+//! The binary's answers to bad and overridden settings (`docs/design.md#settings`).
 
 use std::process::{Command, Output};
 
@@ -96,4 +96,27 @@ fn check_config_shows_env_overrides_normalised_zeros_and_no_secrets() {
 fn usage_errors_exit_2() {
     let output = Command::new(crate::RELAY).arg("launch").output().unwrap();
     assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn every_bad_value_is_reported_in_one_run() {
+    let output = relay(
+        "[relay]\npoll_interval = \"soon\"\nordering = \"global\"\n[metrics]\nlisten = \"anywhere\"\n",
+        &[("OUTBOX_RELAY__LOG__FORMAT", "xml")],
+        &["check-config"],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    let text = stderr(&output);
+    for (key, value) in [
+        ("relay.poll_interval", "soon"),
+        ("relay.ordering", "global"),
+        ("log.format", "xml"),
+        ("metrics.listen", "anywhere"),
+    ] {
+        assert!(
+            text.contains(&format!("{key} = {value:?} is invalid")),
+            "{key} missing: {text}"
+        );
+    }
+    assert!(text.contains("\"per_room\" or \"none\""), "{text}");
 }

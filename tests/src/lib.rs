@@ -65,7 +65,7 @@ pub fn test_settings(
     settings.relay.node_id = unique_name("node");
     settings.relay.poll_interval = "100ms".into();
     settings.relay.publish_timeout = "3s".into();
-    settings.metrics.listen = String::new();
+    settings.metrics.listen = "".into();
     adjust(&mut settings);
     settings
 }

@@ -144,7 +144,7 @@ impl Bench {
         settings.amqp.url = baseline::amqp_url();
         settings.amqp.exchange = format!("bench.relay.{run}");
         settings.log.level = "warn".into();
-        settings.metrics.listen = String::new();
+        settings.metrics.listen = "".into();
         adjust(&mut settings);
         let config = settings
             .validate()
@@ -347,7 +347,7 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     let bench = Bench::setup(args.backend, |settings| {
         settings.relay.publishers = args.publishers;
         settings.relay.batch_size = args.batch_size;
-        settings.relay.ordering = args.ordering.clone();
+        settings.relay.ordering = args.ordering.as_str().into();
     })
     .await?;
     let run = bench.store.table().as_str().to_owned();

@@ -106,7 +106,7 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(url) = std::env::var("OUTBOX_RELAY__AMQP__URL") {
         settings.amqp.url = url;
     }
-    settings.metrics.listen = String::new();
+    settings.metrics.listen = "".into();
     let config = settings.validate().map_err(|errors| {
         anyhow::anyhow!(errors
             .iter()

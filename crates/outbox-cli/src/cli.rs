@@ -1,4 +1,4 @@
-//! The command line (DESIGN §9).
+//! The command line; README.md ("Commands") shows it whole.
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;

@@ -1,27 +1,17 @@
-//! The metrics and health endpoint of `outbox-relay run` (DESIGN §10), on `metrics.listen`:
+//! The metrics and health endpoint of `outbox-relay run`, on `metrics.listen`
+//! (`docs/design.md#logs-metrics-and-health`):
 //!
 //! - `GET /metrics`: every metric in the Prometheus text format, labelled `node_id`.
 //! - `GET /healthz`: 200 while the process runs (it answers, so it is alive).
 //! - `GET /readyz`: 200 while the database and the broker are usable, else 503 with a
 //!   line saying which is not.
 //!
-//! The actors record through the `metrics` facade (see `outbox_relay::instruments`); this
-//! module installs the Prometheus recorder behind it and serves its text with actix-web,
-//! on one worker thread of its own, so a scrape never runs on the relay's thread.
-//!
-//! Readiness is decided by [`Endpoint::probe`], never by a request: a request only reads
-//! two flags, so scrapes and probes add nothing to the database or the broker.
-//! - Broker: [`Broker::probe`] every second. While the connection is up that is lapin's
-//!   status flag, no traffic. While it is down the probe also reconnects (within the
-//!   link's own backoff), so an idle relay is ready again as soon as the broker is back,
-//!   not at the next event.
-//! - Database: the backlog query that feeds the two gauges, every 5 s — one cheap query on
-//!   the pending index, which the gauges need anyway. A failure, or no answer within 3 s,
-//!   makes the relay unready; while unready the query is repeated every second, so
-//!   readiness comes back within a second or so of the database.
-//!
-//! The probe is a future the caller polls next to its signal wait, not a task: dropped at
-//! the first signal, it can never reconnect a broker that the shutdown has closed.
+//! The actors record through the `metrics` facade (`outbox_relay::instruments`); this
+//! module installs the Prometheus recorder behind it and serves it with actix-web on a
+//! worker thread of its own, so a scrape never runs on the relay's thread. Readiness is
+//! decided by [`Endpoint::probe`], never by a request, so scrapes and probes add nothing to
+//! the database or the broker; the probe is a future polled beside the signal wait, dropped
+//! at the first signal so it cannot reconnect a broker the shutdown has closed.
 
 use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpResponse, HttpServer};
@@ -167,9 +157,11 @@ impl Endpoint {
         })
     }
 
-    /// Keeps readiness and the backlog gauges current (see the module doc); runs until
-    /// dropped. Poll it only while the relay runs: after [`Broker::close`] a broker probe
-    /// would open the connection again.
+    /// Keeps readiness and the backlog gauges current; runs until dropped. The broker every
+    /// second (lapin's status flag while connected, a reconnect within the link's backoff
+    /// while not, so an idle relay is ready again soon); the database by the gauges' backlog
+    /// query every 5 s, every second while it fails or takes over 3 s. Poll it only while
+    /// the relay runs: after [`Broker::close`] a broker probe would open the connection again.
     pub async fn probe<S: OutboxStore>(&self, store: &S, broker: &Broker) -> Infallible {
         let pending = metrics::gauge!(instruments::PENDING_EVENTS);
         let oldest = metrics::gauge!(instruments::OLDEST_PENDING_AGE);

@@ -1,7 +1,7 @@
 //! Passwords: read from `*.password` / `*.password_file`, put into the connection URLs at
 //! validation, and kept out of every log line and error message.
 //!
-//! Redaction where we format a URL ([`crate::settings::redact_url`]) covers our own text;
+//! Redaction where we format a URL ([`redact_url`], [`masked`]) covers our own text;
 //! [`Secrets::scrub`] is the last line of defence for text we do not control — the libraries'
 //! error messages and log lines (e.g. a trace line that prints the parsed broker URL).
 
@@ -9,6 +9,46 @@ use crate::settings::ConfigError;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
+
+/// The URL with any password replaced by `***`; unparsable text is not echoed at all.
+pub fn redact_url(value: &str) -> String {
+    match url::Url::parse(value) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            parsed.to_string()
+        }
+        Err(_) => "<unparsable URL>".into(),
+    }
+}
+
+/// `"***"` for a set secret, `""` for an unset one.
+pub fn masked(secret: &str) -> &'static str {
+    if secret.is_empty() {
+        ""
+    } else {
+        "***"
+    }
+}
+
+/// `url` (validated) and its redacted form, with the password of
+/// `<section>.password(_file)` put in when one is set.
+pub fn with_password(
+    section: &str,
+    (url, redacted): (String, String),
+    password: &str,
+    password_file: &str,
+) -> Result<(String, String), ConfigError> {
+    match password_setting(section, password, password_file)? {
+        None => Ok((url, redacted)),
+        Some(password) => {
+            let url = insert_password(section, &url, &password)?;
+            let redacted = redact_url(&url);
+            Ok((url, redacted))
+        }
+    }
+}
 
 /// The password given by `<section>.password` or `<section>.password_file`, if any.
 /// Giving both is ambiguous, so it is an error; so is a file that cannot be read or holds
@@ -56,7 +96,7 @@ pub fn insert_password(section: &str, url: &str, password: &str) -> Result<Strin
     let url_key = format!("{section}.url");
     let invalid = |accepted: String| ConfigError::Invalid {
         key: url_key.clone(),
-        value: crate::settings::redact_url(url),
+        value: redact_url(url),
         accepted,
     };
     let mut parsed = url::Url::parse(url).map_err(|error| invalid(format!("a URL ({error})")))?;
@@ -165,11 +205,6 @@ impl Secrets {
         }
     }
 
-    /// Whether there is nothing to scrub.
-    pub fn is_empty(&self) -> bool {
-        self.forms.is_empty()
-    }
-
     /// `text` with every password replaced by `***`.
     pub fn scrub(&self, text: &str) -> String {
         let mut text = text.to_owned();
@@ -245,6 +280,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "uri=amqp://guest:***@mq\n");
+    }
+
+    #[test]
+    fn a_redacted_url_keeps_everything_but_the_password() {
+        assert_eq!(
+            redact_url("postgres://relay:s3cret@db:5432/app?sslmode=require"),
+            "postgres://relay:***@db:5432/app?sslmode=require"
+        );
+        assert_eq!(redact_url("amqp://mq/%2f"), "amqp://mq/%2f");
+        assert_eq!(redact_url("//relay:s3cret@db/app"), "<unparsable URL>");
     }
 
     #[test]

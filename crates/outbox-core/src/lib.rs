@@ -2,7 +2,7 @@
 //!
 //! Layout:
 //! - [`record`]: an outbox row as the relay sees it ([`OutboxRecord`]) and its [`Status`].
-//! - [`options`]: the relay's normalised options ([`RelayOptions`], [`Ordering`]).
+//! - [`options`]: the relay's validated options ([`RelayOptions`], [`Ordering`]).
 //! - [`retry`]: what happens to a failed event ([`RetryPolicy`] → [`FailureDecision`]).
 //! - [`routing`]: exchange and routing key of an event ([`Router`]).
 //! - [`error_text`]: `last_error` trimming ([`trim_error`]).
@@ -21,7 +21,7 @@ pub mod routing;
 pub mod trace;
 
 pub use error_text::{trim_error, MAX_ERROR_BYTES};
-pub use options::{Normalised, Ordering, RelayOptions};
+pub use options::{Ordering, RelayOptions};
 pub use outcome::{Failure, MarkBatch, OutcomeKind};
 pub use ports::{
     Backlog, ClaimRequest, Confirm, EventPublisher, OutboxStats, OutboxStore, PublishError,

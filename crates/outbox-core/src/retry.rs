@@ -1,23 +1,21 @@
 //! What a failed publish leads to.
 
+use serde::Deserialize;
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
-/// `relay.retry_strategy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// `relay.retry_strategy`, spelled as in the settings; serde's error for another spelling
+/// lists these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RetryStrategy {
     /// Every retry waits `retry_interval` (the original worker's only strategy).
-    #[default]
     FixedInterval,
     /// `min(retry_interval * 2^retry_count, retry_max_interval)` with full jitter.
     Exponential,
 }
 
 impl RetryStrategy {
-    /// The accepted spellings, for error messages.
-    pub const ACCEPTED: &'static str = "\"fixed_interval\" or \"exponential\"";
-
     /// The settings spelling.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -30,18 +28,6 @@ impl RetryStrategy {
 impl fmt::Display for RetryStrategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for RetryStrategy {
-    type Err = ();
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "fixed_interval" => Ok(RetryStrategy::FixedInterval),
-            "exponential" => Ok(RetryStrategy::Exponential),
-            _ => Err(()),
-        }
     }
 }
 
@@ -151,10 +137,22 @@ mod tests {
         assert_eq!(policy.decide(0, true), FailureDecision::Dead);
     }
 
+    fn parse(spelling: &str) -> Result<RetryStrategy, String> {
+        use serde::de::IntoDeserializer;
+        let spelling: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+            spelling.into_deserializer();
+        RetryStrategy::deserialize(spelling).map_err(|error| error.to_string())
+    }
+
     #[test]
     fn strategies_parse_from_their_settings_spelling() {
-        assert_eq!("exponential".parse(), Ok(RetryStrategy::Exponential));
-        assert_eq!("fixed_interval".parse(), Ok(RetryStrategy::FixedInterval));
-        assert!("linear".parse::<RetryStrategy>().is_err());
+        for strategy in [RetryStrategy::FixedInterval, RetryStrategy::Exponential] {
+            assert_eq!(parse(strategy.as_str()), Ok(strategy));
+        }
+        let error = parse("linear").unwrap_err();
+        assert!(
+            error.contains("fixed_interval") && error.contains("exponential"),
+            "lists the accepted spellings: {error}"
+        );
     }
 }

@@ -7,8 +7,8 @@ use crate::startup::{open_broker, open_store, start_relay};
 use anyhow::{bail, Context as _};
 use tracing::{info, warn};
 
-/// Runs until SIGINT or SIGTERM, then shuts down gracefully (DESIGN §7); a second signal
-/// forces the stop. Serves metrics and health on `metrics.listen` meanwhile.
+/// Runs until SIGINT or SIGTERM, then shuts down gracefully (`docs/design.md#shutdown`); a
+/// second signal forces the stop. Serves metrics and health on `metrics.listen` meanwhile.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut signals = StopSignals::install().context("cannot install signal handlers")?;
     // Before the relay starts: its actors take their metric handles when they are built.

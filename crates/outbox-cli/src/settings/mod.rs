@@ -1,0 +1,50 @@
+//! Settings (`docs/design.md#settings`): layered, then validated in one place before
+//! anything connects.
+//!
+//! - [`shape`]: the file's shape and its defaults ([`Settings`]), as written.
+//! - [`field`]: one typed value as written ([`Field`]), so that every bad value is reported.
+//! - `load`: the layers, built-in defaults ← TOML file ← `OUTBOX_RELAY__SECTION__KEY`.
+//! - `validate`: each section checks itself and yields its part of the typed [`Config`],
+//!   recording its errors and warnings in a report (`check`).
+//!
+//! Every problem is reported at once, each naming the key, the bad value and what is
+//! accepted; no password is ever printed (see [`crate::secrets`]).
+
+mod check;
+mod config;
+pub mod field;
+mod load;
+pub mod shape;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{Config, DatabaseConfig, LogConfig, LogFormat};
+pub use field::{Field, Span};
+pub use load::ENV_PREFIX;
+pub use shape::{
+    AmqpSection, DatabaseSettings, LogSettings, MetricsSettings, RelaySettings, RouteSettings,
+    Settings,
+};
+pub use validate::default_node_id;
+
+use thiserror::Error;
+
+/// A setting that cannot be used. Exit code 2.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// The file or an environment variable does not fit the settings' shape.
+    #[error("{0}")]
+    Load(String),
+    /// A value is out of its accepted range.
+    #[error("{key} = {value:?} is invalid: {accepted}")]
+    Invalid {
+        /// `section.key`.
+        key: String,
+        /// The value as given (secrets redacted).
+        value: String,
+        /// What would have been accepted.
+        accepted: String,
+    },
+}

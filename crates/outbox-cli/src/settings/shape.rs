@@ -1,0 +1,258 @@
+//! The settings file's shape and its defaults, as written: every key, and the value it has
+//! when neither the file nor the environment gives one. The defaults are written here only.
+
+use super::config::LogFormat;
+use super::field::{Field, Span};
+use crate::secrets::{masked, redact_url};
+use outbox_core::{Ordering, RetryStrategy};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+/// The settings file, as written.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// `[database]`
+    pub database: DatabaseSettings,
+    /// `[amqp]`
+    pub amqp: AmqpSection,
+    /// `[relay]`
+    pub relay: RelaySettings,
+    /// `[log]`
+    pub log: LogSettings,
+    /// `[metrics]`
+    pub metrics: MetricsSettings,
+}
+
+/// `[database]`
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// `sqlite://…`, `postgres://…` or `mysql://…`; TLS by `sslmode=` / `ssl-mode=`, plain
+    /// text when absent.
+    pub url: String,
+    /// The password, when it is not in `url`: meant for `OUTBOX_RELAY__DATABASE__PASSWORD`
+    /// rather than the file. Empty: none.
+    pub password: String,
+    /// A file holding the password (a trailing newline is ignored). Empty: none.
+    pub password_file: String,
+    /// The outbox table.
+    pub table: String,
+    /// Pool size; zero or less: the default.
+    pub max_connections: i64,
+    /// Create or upgrade the table when `run` or `demo` starts.
+    pub migrate_on_start: bool,
+    /// PostgreSQL: LISTEN for the insert trigger's NOTIFY and claim at once (polling stays
+    /// as the fallback). Ignored on other backends, which poll.
+    pub notify: bool,
+}
+
+/// `[amqp]`
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpSection {
+    /// `amqp://user:pass@host:port/vhost`, or `amqps://…` for TLS.
+    pub url: String,
+    /// The password, when it is not in `url`: meant for `OUTBOX_RELAY__AMQP__PASSWORD`
+    /// rather than the file. Empty: none.
+    pub password: String,
+    /// A file holding the password (a trailing newline is ignored). Empty: none.
+    pub password_file: String,
+    /// PEM file of CA certificates trusted for `amqps://` besides the bundled webpki roots
+    /// (a private CA). Empty: the webpki roots only.
+    pub tls_ca_file: String,
+    /// Default exchange.
+    pub exchange: String,
+    /// `topic`, `direct`, `fanout`, `headers` or a plugin's `x-…`: text, since the plugin
+    /// types are open-ended.
+    pub exchange_type: String,
+    /// Declare the exchanges (durable) at start.
+    pub declare_exchange: bool,
+    /// Default routing key template.
+    pub routing_key: String,
+    /// `content_type` of every message.
+    pub content_type: String,
+    /// Per-event-type exchange and routing key; first match wins.
+    pub routes: Vec<RouteSettings>,
+}
+
+/// One `[[amqp.routes]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSettings {
+    /// Topic-style pattern over `event_type`.
+    pub event_type: String,
+    /// Exchange for matching events.
+    pub exchange: String,
+    /// Routing key template for matching events; `amqp.routing_key` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_key: Option<String>,
+}
+
+/// `[relay]`. A zero size or duration means its default, with a warning.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelaySettings {
+    /// The `worker` field of every log line.
+    pub name: String,
+    /// Empty: `hostname-pid`.
+    pub node_id: String,
+    /// Publisher actors (confirm channels).
+    pub publishers: i64,
+    /// Claim cadence when nothing wakes the relay.
+    pub poll_interval: Field<Span>,
+    /// Rows per claim.
+    pub batch_size: i64,
+    /// Confirm deadline per publish.
+    pub publish_timeout: Field<Span>,
+    /// `fixed_interval` or `exponential`; blank: the default.
+    pub retry_strategy: Field<RetryStrategy>,
+    /// Blank or zero: `poll_interval`.
+    pub retry_interval: Field<Span>,
+    /// Cap of the exponential backoff.
+    pub retry_max_interval: Field<Span>,
+    /// 0: retry forever.
+    pub max_attempts: i64,
+    /// Claim lease.
+    pub lease: Field<Span>,
+    /// `per_room` or `none`.
+    pub ordering: Field<Ordering>,
+    /// Hard bound on a graceful shutdown.
+    pub shutdown_timeout: Field<Span>,
+    /// Published rows older than this are deleted; blank or zero keeps them forever.
+    pub retention: Field<Span>,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// `pretty` or `json`.
+    pub format: Field<LogFormat>,
+    /// A tracing filter such as `info` or `outbox_relay=debug`; `RUST_LOG` wins.
+    pub level: String,
+}
+
+/// `[metrics]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Address of the metrics and health endpoint; blank disables it.
+    pub listen: Field<SocketAddr>,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://outbox-relay.db?mode=rwc".into(),
+            password: String::new(),
+            password_file: String::new(),
+            table: "room_outbox".into(),
+            max_connections: 10,
+            migrate_on_start: true,
+            notify: true,
+        }
+    }
+}
+
+impl Default for AmqpSection {
+    fn default() -> Self {
+        Self {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            password: String::new(),
+            password_file: String::new(),
+            tls_ca_file: String::new(),
+            exchange: "room.events".into(),
+            exchange_type: "topic".into(),
+            declare_exchange: true,
+            routing_key: "{event_type}".into(),
+            content_type: "application/json".into(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+impl Default for RelaySettings {
+    fn default() -> Self {
+        Self {
+            name: "room_outbox".into(),
+            node_id: String::new(),
+            publishers: 4,
+            poll_interval: "1s".into(),
+            batch_size: 100,
+            publish_timeout: "3s".into(),
+            retry_strategy: "fixed_interval".into(),
+            retry_interval: "".into(),
+            retry_max_interval: "5m".into(),
+            max_attempts: 0,
+            lease: "30s".into(),
+            ordering: "per_room".into(),
+            shutdown_timeout: "30s".into(),
+            retention: "".into(),
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: "pretty".into(),
+            level: "info".into(),
+        }
+    }
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9187".into(),
+        }
+    }
+}
+
+impl Settings {
+    /// As written, for `check-config`: URLs redacted, passwords shown as set or not, and
+    /// the node id in force.
+    pub(super) fn redacted(&self, node_id: &str) -> Settings {
+        let mut shown = self.clone();
+        shown.database.url = redact_url(&self.database.url);
+        shown.database.password = masked(&self.database.password).into();
+        shown.amqp.url = redact_url(&self.amqp.url);
+        shown.amqp.password = masked(&self.amqp.password).into();
+        shown.relay.node_id = node_id.into();
+        shown
+    }
+}
+
+// Debug by hand for the sections that hold secrets, so `{:?}` of the settings (or of a
+// Config) can be logged: URLs redacted, passwords shown as set or not.
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &redact_url(&self.url))
+            .field("password", &masked(&self.password))
+            .field("password_file", &self.password_file)
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("migrate_on_start", &self.migrate_on_start)
+            .field("notify", &self.notify)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for AmqpSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpSection")
+            .field("url", &redact_url(&self.url))
+            .field("password", &masked(&self.password))
+            .field("password_file", &self.password_file)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("exchange", &self.exchange)
+            .field("exchange_type", &self.exchange_type)
+            .field("declare_exchange", &self.declare_exchange)
+            .field("routing_key", &self.routing_key)
+            .field("content_type", &self.content_type)
+            .field("routes", &self.routes)
+            .finish()
+    }
+}

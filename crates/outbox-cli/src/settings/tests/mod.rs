@@ -1,0 +1,385 @@
+//! Loading and validating whole settings files: each rejection names the key, the value
+//! and what is accepted, every problem is reported at once, and no password is shown.
+
+mod secrets;
+
+use super::{Config, Settings};
+use figment::Jail;
+use outbox_core::Ordering;
+use std::path::Path;
+use std::time::Duration;
+
+// figment's Jail closures return its (large) error type.
+#[allow(clippy::result_large_err)]
+fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, String> {
+    let mut result = Err(String::new());
+    Jail::expect_with(|jail| {
+        jail.create_file("outbox.toml", toml)?;
+        for (key, value) in env {
+            jail.set_env(key, value);
+        }
+        result = Settings::load(Path::new("outbox.toml"), true)
+            .map_err(|error| error.to_string())
+            .and_then(|settings| {
+                settings.validate().map_err(|errors| {
+                    errors
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+            });
+        Ok(())
+    });
+    result
+}
+
+#[test]
+fn defaults_are_valid() {
+    let config = load("", &[]).unwrap();
+    assert_eq!(config.relay.batch_size, 100);
+    assert_eq!(config.relay.poll_interval, Duration::from_secs(1));
+    assert_eq!(config.relay.publish_timeout, Duration::from_secs(3));
+    assert_eq!(config.relay.retry.interval, Duration::from_secs(1));
+    assert_eq!(config.relay.ordering, Ordering::PerRoom);
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+#[test]
+fn the_shipped_default_file_is_valid() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/default.toml");
+    let toml = std::fs::read_to_string(file).unwrap();
+    let config = load(&toml, &[]).unwrap();
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+#[test]
+fn unknown_retry_strategy_is_rejected_with_its_key() {
+    let error = load("[relay]\nretry_strategy = \"linear\"", &[]).unwrap_err();
+    assert!(error.contains("relay.retry_strategy"), "{error}");
+    assert!(
+        error.contains("linear") && error.contains("exponential"),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_duration_is_rejected_with_its_key() {
+    let error = load("[relay]\npoll_interval = \"soon\"", &[]).unwrap_err();
+    assert!(
+        error.contains("relay.poll_interval") && error.contains("soon"),
+        "{error}"
+    );
+    assert!(error.contains("250ms"), "says what is accepted: {error}");
+}
+
+#[test]
+fn retention_is_off_by_default_and_parses_days() {
+    assert_eq!(load("", &[]).unwrap().relay.retention, None);
+    let config = load("[relay]\nretention = \"7d\"", &[]).unwrap();
+    assert_eq!(
+        config.relay.retention,
+        Some(Duration::from_secs(7 * 24 * 3600))
+    );
+}
+
+#[test]
+fn bad_retention_is_rejected_with_its_key() {
+    let error = load("[relay]\nretention = \"a week\"", &[]).unwrap_err();
+    assert!(
+        error.contains("relay.retention") && error.contains("a week"),
+        "{error}"
+    );
+    assert!(
+        error.contains("7d") && error.contains("forever"),
+        "says what is accepted: {error}"
+    );
+}
+
+#[test]
+fn zero_retention_keeps_rows_forever_with_a_warning() {
+    let config = load("[relay]\nretention = \"0s\"", &[]).unwrap();
+    assert_eq!(
+        config.relay.retention, None,
+        "zero never means delete at once"
+    );
+    let warnings = config.warnings.join("\n");
+    assert!(warnings.contains("relay.retention"), "{warnings}");
+}
+
+#[test]
+fn a_batch_size_beyond_the_bound_is_rejected() {
+    let error = load("[relay]\nbatch_size = 100000", &[]).unwrap_err();
+    assert!(
+        error.contains("relay.batch_size") && error.contains("1 to 10000"),
+        "{error}"
+    );
+    assert!(load("[relay]\nbatch_size = 10000", &[]).is_ok());
+}
+
+#[test]
+fn unknown_key_in_the_file_is_rejected() {
+    let error = load("[relay]\nbatchsize = 5", &[]).unwrap_err();
+    assert!(error.contains("relay.batchsize"), "{error}");
+    assert!(
+        error.contains("batch_size"),
+        "lists the accepted keys: {error}"
+    );
+}
+
+#[test]
+fn unknown_key_in_the_environment_is_rejected() {
+    let error = load("", &[("OUTBOX_RELAY__RELAY__POLL", "1s")]).unwrap_err();
+    assert!(error.contains("relay.poll"), "{error}");
+    assert!(
+        error.contains("OUTBOX_RELAY__RELAY__POLL"),
+        "names the variable: {error}"
+    );
+}
+
+#[test]
+fn unknown_ordering_is_rejected() {
+    let error = load("[relay]\nordering = \"global\"", &[]).unwrap_err();
+    assert!(
+        error.contains("relay.ordering") && error.contains("per_room"),
+        "{error}"
+    );
+}
+
+#[test]
+fn zero_values_fall_back_to_defaults_with_warnings() {
+    let config = load(
+        "[relay]\npoll_interval = \"0s\"\nbatch_size = 0\npublish_timeout = \"0ms\"",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(config.relay.poll_interval, Duration::from_secs(1));
+    assert_eq!(config.relay.batch_size, 100);
+    assert_eq!(config.relay.publish_timeout, Duration::from_secs(3));
+    let warnings = config.warnings.join("\n");
+    for key in [
+        "relay.poll_interval",
+        "relay.batch_size",
+        "relay.publish_timeout",
+    ] {
+        assert!(warnings.contains(key), "{warnings}");
+    }
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let config = load(
+        "[relay]\nbatch_size = 50\n[amqp]\nexchange = \"from.file\"",
+        &[
+            ("OUTBOX_RELAY__RELAY__BATCH_SIZE", "250"),
+            ("OUTBOX_RELAY__AMQP__EXCHANGE", "from.env"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.relay.batch_size, 250);
+    assert_eq!(config.amqp.router.exchange, "from.env");
+}
+
+#[test]
+fn bad_routing_key_template_is_rejected() {
+    let error = load("[amqp]\nrouting_key = \"{tenant}.x\"", &[]).unwrap_err();
+    assert!(
+        error.contains("amqp.routing_key") && error.contains("{tenant}"),
+        "{error}"
+    );
+}
+
+#[test]
+fn every_bad_value_is_reported_at_once() {
+    let error = load(
+        "[database]\ntable = \"Room-Outbox\"\n\
+         [amqp]\nurl = \"http://mq\"\nexchange_type = \"fanin\"\n\
+         [relay]\npoll_interval = \"soon\"\nlease = \"later\"\nretry_strategy = \"linear\"\n\
+         ordering = \"global\"\nmax_attempts = -1\n\
+         [log]\nformat = \"xml\"\n[metrics]\nlisten = \"everywhere\"",
+        &[],
+    )
+    .unwrap_err();
+    let keys = [
+        "database.table",
+        "amqp.url",
+        "amqp.exchange_type",
+        "relay.poll_interval",
+        "relay.lease",
+        "relay.retry_strategy",
+        "relay.ordering",
+        "relay.max_attempts",
+        "log.format",
+        "metrics.listen",
+    ];
+    for key in keys {
+        assert!(
+            error.contains(&format!("{key} = ")),
+            "{key} missing: {error}"
+        );
+    }
+    assert_eq!(error.lines().count(), keys.len(), "{error}");
+}
+
+#[test]
+fn a_number_where_a_duration_goes_is_rejected_with_its_key() {
+    let error = load("[relay]\npoll_interval = 5", &[]).unwrap_err();
+    assert!(
+        error.contains("relay.poll_interval") && error.contains("string"),
+        "{error}"
+    );
+}
+
+#[test]
+fn unparsable_database_url_is_rejected_without_echoing_it() {
+    let error = load("[database]\nurl = \"relay s3cret db\"", &[]).unwrap_err();
+    assert!(
+        error.contains("database.url") && error.contains("<unparsable URL>"),
+        "{error}"
+    );
+    assert!(!error.contains("s3cret"), "{error}");
+    assert!(
+        error.contains("postgres://…"),
+        "says what is accepted: {error}"
+    );
+}
+
+#[test]
+fn amqp_url_of_another_scheme_is_rejected() {
+    let error = load("[amqp]\nurl = \"http://mq:5672/\"", &[]).unwrap_err();
+    assert!(
+        error.contains("amqp.url") && error.contains("\"http\"") && error.contains("amqps://…"),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_table_name_is_rejected() {
+    let error = load("[database]\ntable = \"Room-Outbox\"", &[]).unwrap_err();
+    assert!(
+        error.contains("database.table") && error.contains("Room-Outbox"),
+        "{error}"
+    );
+}
+
+#[test]
+fn negative_max_attempts_is_rejected() {
+    let error = load("[relay]\nmax_attempts = -3", &[]).unwrap_err();
+    assert!(
+        error.contains("relay.max_attempts") && error.contains("-3"),
+        "{error}"
+    );
+    assert!(error.contains("from 0 (retry forever)"), "{error}");
+}
+
+#[test]
+fn unknown_exchange_type_is_rejected_and_plugin_types_accepted() {
+    let error = load("[amqp]\nexchange_type = \"fanin\"", &[]).unwrap_err();
+    assert!(
+        error.contains("amqp.exchange_type") && error.contains("fanin") && error.contains("x-…"),
+        "{error}"
+    );
+    let config = load("[amqp]\nexchange_type = \"x-delayed-message\"", &[]).unwrap();
+    assert_eq!(config.amqp.exchange_type, "x-delayed-message");
+}
+
+#[test]
+fn route_without_an_event_type_or_with_a_bad_key_is_rejected() {
+    let error = load(
+        "[[amqp.routes]]\nevent_type = \"\"\nexchange = \"x\"\n\
+         [[amqp.routes]]\nevent_type = \"room.#\"\nexchange = \"y\"\nrouting_key = \"{tenant}\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("amqp.routes[0].event_type") && error.contains("room.#"),
+        "{error}"
+    );
+    assert!(
+        error.contains("amqp.routes[1].routing_key") && error.contains("{tenant}"),
+        "both routes are reported: {error}"
+    );
+}
+
+#[test]
+fn unknown_log_format_is_rejected_listing_the_formats() {
+    let error = load("[log]\nformat = \"xml\"", &[]).unwrap_err();
+    assert!(
+        error.contains("log.format") && error.contains("xml"),
+        "{error}"
+    );
+    assert!(
+        error.contains("\"pretty\"") && error.contains("\"json\""),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_log_level_is_rejected() {
+    let error = load("[log]\nlevel = \"outbox_relay=loud\"", &[]).unwrap_err();
+    assert!(
+        error.contains("log.level") && error.contains("outbox_relay=loud"),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_metrics_address_is_rejected_and_blank_disables_the_endpoint() {
+    let error = load("[metrics]\nlisten = \"localhost\"", &[]).unwrap_err();
+    assert!(
+        error.contains("metrics.listen") && error.contains("localhost"),
+        "{error}"
+    );
+    assert!(error.contains("\"\" to disable"), "{error}");
+    let listen = |toml: &str| load(toml, &[]).unwrap().metrics_listen;
+    assert_eq!(listen("[metrics]\nlisten = \"\""), None);
+    assert_eq!(
+        listen("").map(|address| address.to_string()),
+        Some("127.0.0.1:9187".into())
+    );
+}
+
+#[test]
+fn blank_retry_strategy_means_the_default() {
+    let config = load("[relay]\nretry_strategy = \" \"", &[]).unwrap();
+    assert_eq!(
+        config.relay.retry.strategy,
+        outbox_core::RetryStrategy::FixedInterval
+    );
+    let config = load("[relay]\nretry_strategy = \"exponential\"", &[]).unwrap();
+    assert_eq!(
+        config.relay.retry.strategy,
+        outbox_core::RetryStrategy::Exponential
+    );
+}
+
+#[test]
+fn retry_interval_follows_a_custom_poll_interval() {
+    let config = load("[relay]\npoll_interval = \"250ms\"", &[]).unwrap();
+    assert_eq!(config.relay.retry.interval, Duration::from_millis(250));
+    let config = load(
+        "[relay]\npoll_interval = \"250ms\"\nretry_interval = \"0s\"",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(config.relay.retry.interval, Duration::from_millis(250));
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+#[test]
+fn sizes_below_zero_fall_back_to_defaults_with_warnings() {
+    let config = load(
+        "[database]\nmax_connections = -1\n[relay]\npublishers = -2",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(config.database.max_connections, 10);
+    assert_eq!(config.relay.publishers, 4);
+    assert_eq!(
+        config.warnings,
+        [
+            "database.max_connections is -1; using the default 10",
+            "relay.publishers is -2; using the default 4"
+        ]
+    );
+}

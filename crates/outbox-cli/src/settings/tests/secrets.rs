@@ -1,0 +1,218 @@
+//! Passwords and CA files: read from where the settings say, put where they belong, and
+//! never shown in an error, `check-config` or `{:?}`.
+
+use super::load;
+use crate::settings::Settings;
+
+#[test]
+fn passwords_never_reach_messages_or_effective_settings() {
+    let config = load(
+        "[database]\nurl = \"postgres://relay:s3cret@db:5432/app\"\n[amqp]\nurl = \"amqp://relay:hunter2@mq:5672/%2f\"",
+        &[],
+    )
+    .unwrap();
+    let effective = toml::to_string(&config.effective).unwrap();
+    assert!(
+        !effective.contains("s3cret") && !effective.contains("hunter2"),
+        "{effective}"
+    );
+    assert!(effective.contains("relay:***@db"), "{effective}");
+    let error = load("[database]\nurl = \"oracle://u:s3cret@db/x\"", &[]).unwrap_err();
+    assert!(!error.contains("s3cret"), "{error}");
+    assert!(error.contains("database.url"), "{error}");
+}
+
+/// A file in a fresh temporary directory (outside figment's jail, which owns the cwd).
+fn temp_file(name: &str, contents: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("outbox-settings-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn password_from_a_file_goes_into_the_url_and_nowhere_else() {
+    let file = temp_file("db-password", "fr0m-f1le\n");
+    let config = load(
+        &format!(
+            "[database]\nurl = \"postgres://relay@db/app\"\npassword_file = \"{file}\"\n\
+             [amqp]\nurl = \"amqp://relay@mq/%2f\""
+        ),
+        &[("OUTBOX_RELAY__AMQP__PASSWORD", "fr0m-env")],
+    )
+    .unwrap();
+    assert_eq!(config.database.url, "postgres://relay:fr0m-f1le@db/app");
+    assert_eq!(config.database.redacted_url, "postgres://relay:***@db/app");
+    assert_eq!(config.amqp.url, "amqp://relay:fr0m-env@mq/%2f");
+    let shown = format!(
+        "{}\n{config:?}",
+        toml::to_string(&config.effective).unwrap()
+    );
+    assert!(
+        !shown.contains("fr0m-f1le") && !shown.contains("fr0m-env"),
+        "{shown}"
+    );
+    assert_eq!(config.secrets.scrub("x fr0m-f1le fr0m-env"), "x *** ***");
+}
+
+#[test]
+fn debug_output_of_the_settings_and_config_holds_no_password() {
+    let config = load(
+        "[database]\nurl = \"postgres://relay:s3cret@db/app\"\n[amqp]\nurl = \"amqp://relay:hunter2@mq/%2f\"",
+        &[],
+    )
+    .unwrap();
+    let debug = format!("{config:?}\n{:#?}", config.effective);
+    assert!(
+        !debug.contains("s3cret") && !debug.contains("hunter2"),
+        "{debug}"
+    );
+    assert!(debug.contains("relay:***@db"), "{debug}");
+    let mut settings = Settings::default();
+    settings.database.password = "s3cret".into();
+    assert!(!format!("{settings:?}").contains("s3cret"));
+}
+
+#[test]
+fn unreadable_password_file_is_rejected_naming_the_key_and_path() {
+    let error = load(
+        "[database]\nurl = \"postgres://relay@db/app\"\npassword_file = \"/nonexistent/db-password\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("database.password_file") && error.contains("/nonexistent/db-password"),
+        "{error}"
+    );
+}
+
+#[test]
+fn empty_password_file_is_rejected() {
+    let file = temp_file("empty-password", "\n");
+    let error = load(
+        &format!("[amqp]\nurl = \"amqp://relay@mq/%2f\"\npassword_file = \"{file}\""),
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("amqp.password_file") && error.contains("empty"),
+        "{error}"
+    );
+}
+
+#[test]
+fn password_and_password_file_together_are_rejected() {
+    let file = temp_file("both-password", "from-file");
+    let error = load(
+        &format!("[amqp]\nurl = \"amqp://relay@mq/%2f\"\npassword_file = \"{file}\""),
+        &[("OUTBOX_RELAY__AMQP__PASSWORD", "from-env")],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("amqp.password_file") && error.contains("not both"),
+        "{error}"
+    );
+    assert!(
+        !error.contains("from-env") && !error.contains("from-file"),
+        "{error}"
+    );
+}
+
+#[test]
+fn password_setting_next_to_a_password_in_the_url_is_rejected() {
+    let error = load(
+        "[database]\nurl = \"postgres://relay:in-url@db/app\"",
+        &[("OUTBOX_RELAY__DATABASE__PASSWORD", "in-env")],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("database.url") && error.contains("one place"),
+        "{error}"
+    );
+    assert!(
+        !error.contains("in-url") && !error.contains("in-env"),
+        "{error}"
+    );
+}
+
+#[test]
+fn password_setting_without_a_user_in_the_url_is_rejected() {
+    let error = load(
+        "[database]\nurl = \"postgres://db/app\"\npassword = \"pw\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("database.url") && error.contains("names the user"),
+        "{error}"
+    );
+}
+
+#[test]
+fn password_setting_for_sqlite_is_rejected() {
+    let error = load("[database]\npassword = \"pw\"", &[]).unwrap_err();
+    assert!(
+        error.contains("database.password") && error.contains("sqlite"),
+        "{error}"
+    );
+}
+
+#[test]
+fn amqps_url_with_a_ca_file_is_accepted() {
+    let file = temp_file(
+        "ca.pem",
+        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    );
+    let config = load(
+        &format!("[amqp]\nurl = \"amqps://relay:pw@mq:5671/%2f\"\ntls_ca_file = \"{file}\""),
+        &[],
+    )
+    .unwrap();
+    assert!(config
+        .amqp
+        .tls_ca_pem
+        .unwrap()
+        .contains("BEGIN CERTIFICATE"));
+    assert_eq!(config.amqp.redacted_url, "amqps://relay:***@mq:5671/%2f");
+}
+
+#[test]
+fn missing_tls_ca_file_is_rejected_naming_the_key_and_path() {
+    let error = load(
+        "[amqp]\nurl = \"amqps://mq/%2f\"\ntls_ca_file = \"/nonexistent/ca.pem\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("amqp.tls_ca_file") && error.contains("/nonexistent/ca.pem"),
+        "{error}"
+    );
+}
+
+#[test]
+fn tls_ca_file_without_certificates_is_rejected() {
+    let file = temp_file("not-a-ca.pem", "hello");
+    let error = load(
+        &format!("[amqp]\nurl = \"amqps://mq/%2f\"\ntls_ca_file = \"{file}\""),
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("amqp.tls_ca_file") && error.contains("holds none"),
+        "{error}"
+    );
+}
+
+#[test]
+fn tls_ca_file_with_a_plain_amqp_url_is_rejected() {
+    let file = temp_file(
+        "plain-ca.pem",
+        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    );
+    let error = load(&format!("[amqp]\ntls_ca_file = \"{file}\""), &[]).unwrap_err();
+    assert!(
+        error.contains("amqp.tls_ca_file") && error.contains("amqps://"),
+        "{error}"
+    );
+}

@@ -1,0 +1,333 @@
+//! From the settings as written to the typed [`Config`]. Each section checks its own keys
+//! and records every problem it finds, so that one run reports them all; a section yields
+//! its part of the [`Config`] only when all of its keys are good.
+
+use super::check::{builtin, Report, Section};
+use super::config::{Config, DatabaseConfig, LogConfig};
+use super::field::Span;
+use super::shape::{
+    AmqpSection, DatabaseSettings, LogSettings, MetricsSettings, RelaySettings, Settings,
+};
+use super::ConfigError;
+use crate::secrets::{self, redact_url, Secrets};
+use outbox_amqp::{AmqpSettings, MessageSettings};
+use outbox_core::{RelayOptions, RetryPolicy, Route, Router, RoutingKeyTemplate};
+use outbox_store::TableName;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The largest `relay.batch_size`: a MySQL claim binds one value per claimed row (its limit
+/// is 65,535), and the relay holds 4 × `batch_size` records in memory.
+const MAX_BATCH_SIZE: usize = 10_000;
+
+impl Settings {
+    /// Checks every value and builds the [`Config`]; all problems are reported together.
+    pub fn validate(self) -> Result<Config, Vec<ConfigError>> {
+        let mut report = Report::default();
+        let database = self.database.validate(&mut report.section("database"));
+        // Before [amqp], whose messages carry the node id and the publish timeout.
+        let relay = self.relay.validate(&mut report.section("relay"));
+        let amqp = self
+            .amqp
+            .validate(&mut report.section("amqp"), relay.as_ref());
+        let log = self.log.validate(&mut report.section("log"));
+        let metrics_listen = self.metrics.validate(&mut report.section("metrics"));
+        let (Some(database), Some(amqp), Some(relay), Some(log), Some(metrics_listen)) =
+            (database, amqp, relay, log, metrics_listen)
+        else {
+            return Err(report.errors);
+        };
+        Ok(Config {
+            effective: self.redacted(&relay.node_id),
+            secrets: Secrets::from_urls([database.url.as_str(), amqp.url.as_str()]),
+            database,
+            amqp,
+            relay,
+            log,
+            metrics_listen,
+            warnings: report.warnings,
+        })
+    }
+}
+
+impl DatabaseSettings {
+    fn validate(&self, check: &mut Section<'_>) -> Option<DatabaseConfig> {
+        let defaults = Self::default();
+        let url = check.take(
+            url_setting(
+                &check.key("url"),
+                &self.url,
+                &["sqlite", "postgres", "postgresql", "mysql", "mariadb"],
+            )
+            .and_then(|url| {
+                secrets::with_password("database", url, &self.password, &self.password_file)
+            }),
+        );
+        let table = match TableName::parse(&self.table) {
+            Ok(table) => Some(table),
+            Err(error) => check.reject("table", &self.table, error.to_string()),
+        };
+        let max_connections = check.size(
+            "max_connections",
+            self.max_connections,
+            defaults.max_connections,
+        );
+        let (url, redacted_url) = url?;
+        Some(DatabaseConfig {
+            url,
+            redacted_url,
+            table: table?,
+            max_connections: u32::try_from(max_connections).unwrap_or(u32::MAX),
+            migrate_on_start: self.migrate_on_start,
+            notify: self.notify,
+        })
+    }
+}
+
+impl RelaySettings {
+    fn validate(&self, check: &mut Section<'_>) -> Option<RelayOptions> {
+        let defaults = Self::default();
+        let publishers = check.size("publishers", self.publishers, defaults.publishers);
+        let batch_size = match check.size("batch_size", self.batch_size, defaults.batch_size) {
+            size if size > MAX_BATCH_SIZE => check.reject(
+                "batch_size",
+                size.to_string(),
+                format!("a whole number from 1 to {MAX_BATCH_SIZE}"),
+            ),
+            size => Some(size),
+        };
+        let max_attempts = match u32::try_from(self.max_attempts) {
+            Ok(attempts) => Some(attempts),
+            Err(_) => check.reject(
+                "max_attempts",
+                self.max_attempts.to_string(),
+                "a whole number from 0 (retry forever) up",
+            ),
+        };
+        // Blank keeps published rows forever, and zero does too: never "delete at once".
+        let retention = if self.retention.is_blank() {
+            Some(None)
+        } else {
+            check
+                .parse(
+                    "retention",
+                    &self.retention,
+                    Some(
+                        "a duration such as \"7d\", \"12h\" or \"30m\", or \"\" to keep published \
+                         rows forever",
+                    ),
+                )
+                .map(|Span(age)| {
+                    check.or_default(
+                        "retention",
+                        Some(age),
+                        None,
+                        "\"\" (published rows are kept forever)",
+                    )
+                })
+        };
+        let poll_interval = check.duration_or_default(
+            "poll_interval",
+            &self.poll_interval,
+            &defaults.poll_interval,
+        );
+        let publish_timeout = check.duration_or_default(
+            "publish_timeout",
+            &self.publish_timeout,
+            &defaults.publish_timeout,
+        );
+        let lease = check.duration_or_default("lease", &self.lease, &defaults.lease);
+        let shutdown_timeout = check.duration_or_default(
+            "shutdown_timeout",
+            &self.shutdown_timeout,
+            &defaults.shutdown_timeout,
+        );
+        let retry_max_interval = check.duration_or_default(
+            "retry_max_interval",
+            &self.retry_max_interval,
+            &defaults.retry_max_interval,
+        );
+        let retry_interval = check.duration("retry_interval", &self.retry_interval);
+        let retry_strategy = if self.retry_strategy.is_blank() {
+            Some(builtin(&defaults.retry_strategy))
+        } else {
+            check.parse("retry_strategy", &self.retry_strategy, None)
+        };
+        let ordering = check.parse("ordering", &self.ordering, None);
+
+        let (poll_interval, retry_interval) = (poll_interval?, retry_interval?);
+        Some(RelayOptions {
+            name: self.name.clone(),
+            node_id: match self.node_id.trim() {
+                "" => default_node_id(),
+                id => id.to_owned(),
+            },
+            publishers,
+            poll_interval,
+            batch_size: batch_size?,
+            publish_timeout: publish_timeout?,
+            retry: RetryPolicy {
+                strategy: retry_strategy?,
+                // Zero means "the next round", as in the original worker.
+                interval: match retry_interval {
+                    Duration::ZERO => poll_interval,
+                    interval => interval,
+                },
+                max_interval: retry_max_interval?,
+                max_attempts: max_attempts?,
+            },
+            lease: lease?,
+            ordering: ordering?,
+            shutdown_timeout: shutdown_timeout?,
+            retention: retention?,
+        })
+    }
+}
+
+impl AmqpSection {
+    /// `relay` is the validated `[relay]`, when it is valid.
+    fn validate(
+        &self,
+        check: &mut Section<'_>,
+        relay: Option<&RelayOptions>,
+    ) -> Option<AmqpSettings> {
+        let url = check.take(
+            url_setting(&check.key("url"), &self.url, &["amqp", "amqps"]).and_then(|url| {
+                secrets::with_password("amqp", url, &self.password, &self.password_file)
+            }),
+        );
+        let tls_ca_pem = check.take(secrets::tls_ca_file(&self.url, &self.tls_ca_file));
+        let exchange_type = match self.exchange_type.as_str() {
+            "topic" | "direct" | "fanout" | "headers" => Some(()),
+            custom if custom.starts_with("x-") => Some(()),
+            other => check.reject(
+                "exchange_type",
+                other,
+                "one of \"topic\", \"direct\", \"fanout\", \"headers\" or a plugin type \"x-…\"",
+            ),
+        };
+        let router = self.router(check);
+
+        let (relay, (url, redacted_url)) = (relay?, url?);
+        exchange_type?;
+        Some(AmqpSettings {
+            url,
+            redacted_url,
+            tls_ca_pem: tls_ca_pem?,
+            exchange_type: self.exchange_type.clone(),
+            declare_exchange: self.declare_exchange,
+            router: router?,
+            message: MessageSettings {
+                content_type: self.content_type.clone(),
+                max_body_bytes: outbox_amqp::message::MAX_BODY_BYTES,
+                node_id: relay.node_id.clone(),
+            },
+            publish_timeout: relay.publish_timeout,
+        })
+    }
+
+    fn router(&self, check: &mut Section<'_>) -> Option<Router> {
+        let routing_key = template(check, "routing_key", &self.routing_key);
+        let routes: Vec<Option<Route>> = (self.routes.iter().enumerate())
+            .map(|(index, route)| {
+                let routing_key = match &route.routing_key {
+                    Some(key) => {
+                        template(check, &format!("routes[{index}].routing_key"), key).map(Some)
+                    }
+                    None => Some(None),
+                };
+                if route.event_type.is_empty() {
+                    return check.reject(
+                        &format!("routes[{index}].event_type"),
+                        "",
+                        "a pattern such as \"room.member.*\" or \"room.#\"",
+                    );
+                }
+                Some(Route {
+                    event_type: route.event_type.clone(),
+                    exchange: route.exchange.clone(),
+                    routing_key: routing_key?,
+                })
+            })
+            .collect();
+        Some(Router {
+            exchange: self.exchange.clone(),
+            routing_key: routing_key?,
+            routes: routes.into_iter().collect::<Option<_>>()?,
+        })
+    }
+}
+
+/// A routing key template setting.
+fn template(check: &mut Section<'_>, key: &str, value: &str) -> Option<RoutingKeyTemplate> {
+    match RoutingKeyTemplate::parse(value) {
+        Ok(template) => Some(template),
+        Err(error) => check.reject(key, value, error.to_string()),
+    }
+}
+
+impl LogSettings {
+    fn validate(&self, check: &mut Section<'_>) -> Option<LogConfig> {
+        let format = check.parse("format", &self.format, None);
+        let level = match tracing_subscriber::EnvFilter::try_new(&self.level) {
+            Ok(_) => Some(()),
+            Err(error) => check.reject(
+                "level",
+                &self.level,
+                format!(
+                    "a tracing filter such as \"info\" or \"outbox_relay=debug,warn\" ({error})"
+                ),
+            ),
+        };
+        level?;
+        Some(LogConfig {
+            format: format?,
+            level: self.level.clone(),
+        })
+    }
+}
+
+impl MetricsSettings {
+    /// The endpoint's address; `None` when blank (disabled).
+    fn validate(&self, check: &mut Section<'_>) -> Option<Option<SocketAddr>> {
+        if self.listen.is_blank() {
+            return Some(None);
+        }
+        check
+            .parse(
+                "listen",
+                &self.listen,
+                Some("an address such as \"127.0.0.1:9187\", or \"\" to disable the endpoint"),
+            )
+            .map(Some)
+    }
+}
+
+/// `hostname-pid`: unique per running process, readable in `status`.
+pub fn default_node_id() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("{host}-{}", std::process::id())
+}
+
+/// Parses a URL setting with one of `schemes`; returns it and its redacted form.
+fn url_setting(key: &str, value: &str, schemes: &[&str]) -> Result<(String, String), ConfigError> {
+    let invalid = |why: String| ConfigError::Invalid {
+        key: key.into(),
+        value: redact_url(value),
+        accepted: why,
+    };
+    let accepted = schemes
+        .iter()
+        .map(|s| format!("{s}://…"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let parsed = url::Url::parse(value)
+        .map_err(|error| invalid(format!("a URL ({error}); accepted: {accepted}")))?;
+    if !schemes.contains(&parsed.scheme()) {
+        return Err(invalid(format!(
+            "scheme {:?} is not supported; accepted: {accepted}",
+            parsed.scheme()
+        )));
+    }
+    Ok((value.to_owned(), redact_url(value)))
+}
