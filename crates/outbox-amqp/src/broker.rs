@@ -6,7 +6,7 @@ use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::tcp::OwnedTLSConfig;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox_core::Router;
+use outbox_core::{Backoff, Router};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,11 +97,9 @@ impl std::fmt::Debug for AmqpSettings {
 
 /// The relay's link to RabbitMQ: one connection, re-established when it is lost.
 ///
-/// Publishers ask it for confirm channels. While the connection is down, a request
-/// reconnects — at most once per backoff step (100 ms doubling to 30 s, with jitter) —
-/// and otherwise fails at once, so publishes fail fast instead of piling up; the relay
-/// retries them through its retry policy. Every reconnection declares the topology again.
-/// Transitions between usable and unusable are logged once each.
+/// While the connection is down, a request for a channel reconnects at most once per
+/// [`BACKOFF`] step and otherwise fails at once, so publishes fail fast (and are retried by
+/// the retry policy) instead of piling up. See docs/design.md#wake-ups-and-backoff.
 #[derive(Debug)]
 pub struct Broker {
     link: Arc<Link>,
@@ -122,14 +120,14 @@ struct LinkState {
     connection: Option<Arc<Connection>>,
     /// No reconnection attempt before this.
     next_attempt: Instant,
-    /// The next backoff step.
-    backoff: Duration,
+    /// Time between reconnection attempts.
+    backoff: Backoff,
     /// Last reported usability, for logging transitions once.
     usable: bool,
 }
 
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Reconnection attempts: 100 ms doubling to 30 s, jittered.
+pub const BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
 
 /// lapin's name for an exchange type.
 pub fn exchange_kind(name: &str) -> ExchangeKind {
@@ -164,7 +162,7 @@ impl Broker {
             state: Mutex::new(LinkState {
                 connection: Some(Arc::new(connection)),
                 next_attempt: Instant::now(),
-                backoff: FIRST_BACKOFF,
+                backoff: BACKOFF,
                 usable: true,
             }),
         };
@@ -180,12 +178,10 @@ impl Broker {
         Ok(AmqpPublisher::new(channel, Arc::clone(&self.link)))
     }
 
-    /// Whether the link is usable: true while the connection is open, or when it was down
-    /// and could be opened again now. Costs no traffic while the connection is up (a lock
-    /// and lapin's status flag). While it is down, this reconnects when the backoff allows
-    /// — so an idle relay's link comes back without waiting for an event to publish — and
-    /// answers false at once otherwise. Not to be called after [`Broker::close`], which it
-    /// would undo.
+    /// Whether the link is usable: the connection is open, or was down and opened again now
+    /// (when the backoff allows, so an idle relay's link comes back by itself). Costs no
+    /// traffic while the connection is up; answers false at once while it is down between
+    /// attempts. Not to be called after [`Broker::close`], which it would undo.
     pub async fn probe(&self) -> bool {
         self.link.connection().await.is_ok()
     }
@@ -200,8 +196,8 @@ impl Broker {
             .map_err(AmqpError::Channel)
     }
 
-    /// Closes the connection; channels must be closed first (see STACK.md: dropping the
-    /// last clone of a channel closes it in the background and races this close).
+    /// Closes the connection; channels must be closed first (dropping the last clone of a
+    /// lapin channel closes it in the background, racing this close).
     pub async fn close(&self) {
         let connection = self.link.state.lock().await.connection.take();
         if let Some(connection) = connection {
@@ -285,7 +281,7 @@ impl Link {
             Ok(connection) => {
                 let connection = Arc::new(connection);
                 state.connection = Some(Arc::clone(&connection));
-                state.backoff = FIRST_BACKOFF;
+                state.backoff.reset();
                 if !state.usable {
                     state.usable = true;
                     info!(url = %self.settings.redacted_url, "broker connection re-established");
@@ -293,10 +289,7 @@ impl Link {
                 Ok(connection)
             }
             Err(error) => {
-                // Full jitter keeps many relays from reconnecting in step.
-                let delay = state.backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
-                state.next_attempt = Instant::now() + delay;
-                state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+                state.next_attempt = Instant::now() + state.backoff.next_delay();
                 if state.usable {
                     state.usable = false;
                     warn!(%error, "broker unreachable; reconnecting with backoff");

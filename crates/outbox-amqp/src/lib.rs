@@ -2,7 +2,7 @@
 //!
 //! Layout:
 //! - [`broker`]: [`Broker`], one connection, the exchange topology, and confirm channels.
-//! - [`message`]: how an [`outbox_core::OutboxRecord`] becomes an AMQP message (DESIGN §5).
+//! - [`message`]: how an [`outbox_core::OutboxRecord`] becomes an AMQP message.
 //! - [`publisher`]: [`AmqpPublisher`], the [`outbox_core::EventPublisher`] port on one
 //!   confirm channel.
 

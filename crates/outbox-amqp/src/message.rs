@@ -1,4 +1,4 @@
-//! How a record becomes an AMQP message: properties and headers of DESIGN §5.
+//! How a record becomes an AMQP message: its properties and headers (docs/design.md#publishing).
 
 use crate::APP_ID;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};

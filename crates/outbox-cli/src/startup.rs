@@ -2,16 +2,13 @@
 //! the end-to-end tests.
 
 use crate::settings::Config;
-use actix::Recipient;
 use anyhow::Context as _;
 use outbox_amqp::Broker;
 use outbox_core::EventPublisher;
-use outbox_relay::{InsertsAnnounced, Relay, Wake};
-use outbox_store::{InsertListener, SeaOrmStore};
-use sea_orm::{ConnectionTrait, DbBackend};
+use outbox_relay::Relay;
+use outbox_store::SeaOrmStore;
 use std::sync::Arc;
-use std::time::Duration;
-use tracing::{debug, info, warn};
+use tracing::info;
 
 /// Connects to the database; migrates first when `migrate` is set.
 pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<SeaOrmStore> {
@@ -45,7 +42,8 @@ pub async fn open_broker(config: &Config) -> anyhow::Result<Broker> {
     Ok(Broker::connect(config.amqp.clone()).await?)
 }
 
-/// Opens one confirm channel per publisher and starts the relay's actors.
+/// Opens one confirm channel per publisher and starts the relay's actors, listening for
+/// inserts where the store announces them (PostgreSQL) unless `database.notify` is off.
 pub async fn start_relay(
     config: &Config,
     store: &SeaOrmStore,
@@ -56,66 +54,10 @@ pub async fn start_relay(
         ports.push(Arc::new(broker.publisher().await?));
     }
     let mut relay = Relay::start(Arc::new(store.clone()), ports, config.relay.clone()).await?;
-    if config.database.notify && store.connection().get_database_backend() == DbBackend::Postgres {
-        let wake_ups = spawn_wake_ups(config, relay.waker(), relay.announcer());
-        relay.attach(wake_ups);
+    if config.database.notify {
+        if let Some(feed) = store.insert_feed(&config.database.url) {
+            relay.listen(Box::new(feed));
+        }
     }
     Ok(relay)
-}
-
-/// LISTENs for the insert trigger's NOTIFY and wakes the relay; connects, and reconnects
-/// when the listening connection is lost, with backoff (and wakes the relay then, since
-/// notifications may have been missed). Tells the relay whether it is listening: while it
-/// is not, the relay claims after every written batch of outcomes, as without wake-ups.
-/// Polling goes on regardless, so a lost listener only costs latency.
-fn spawn_wake_ups(
-    config: &Config,
-    waker: Recipient<Wake>,
-    announcer: Recipient<InsertsAnnounced>,
-) -> actix_rt::task::JoinHandle<()> {
-    let url = config.database.url.clone();
-    let table = config.database.table.clone();
-    actix_rt::spawn(async move {
-        let mut listener: Option<InsertListener> = None;
-        // What the relay was last told; it starts out not knowing of a listener.
-        let mut announced = false;
-        // Back at FIRST_RETRY: no failure since the last success (or the start).
-        const FIRST_RETRY: Duration = Duration::from_millis(100);
-        let mut backoff = FIRST_RETRY;
-        while waker.connected() {
-            let listening = match listener.as_mut() {
-                Some(listener) => listener.wait().await,
-                None => InsertListener::connect(&url, &table)
-                    .await
-                    .map(|connected| {
-                        debug!(channel = %table, "listening for inserts");
-                        listener = Some(connected);
-                    }),
-            };
-            match listening {
-                Ok(()) => {
-                    if !announced {
-                        if backoff > FIRST_RETRY {
-                            info!("insert listener connected again");
-                        }
-                        announcer.do_send(InsertsAnnounced(true));
-                        announced = true;
-                    }
-                    backoff = FIRST_RETRY;
-                    waker.do_send(Wake);
-                }
-                Err(error) => {
-                    if backoff == FIRST_RETRY {
-                        warn!(%error, "cannot LISTEN for inserts; polling until the listener connects");
-                    }
-                    if announced {
-                        announcer.do_send(InsertsAnnounced(false));
-                        announced = false;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
-                }
-            }
-        }
-    })
 }

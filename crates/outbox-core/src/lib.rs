@@ -1,6 +1,7 @@
 //! The outbox-relay domain, free of I/O.
 //!
 //! Layout:
+//! - [`backoff`]: the jittered wait before retrying a lost database or broker ([`Backoff`]).
 //! - [`record`]: an outbox row as the relay sees it ([`OutboxRecord`]) and its [`Status`].
 //! - [`options`]: the relay's validated options ([`RelayOptions`], [`Ordering`]).
 //! - [`retry`]: what happens to a failed event ([`RetryPolicy`] → [`FailureDecision`]).
@@ -8,9 +9,10 @@
 //! - [`error_text`]: `last_error` trimming ([`trim_error`]).
 //! - [`outcome`]: what a publish attempt came to ([`OutcomeKind`]) and a flush of them ([`MarkBatch`]).
 //! - [`trace`]: the W3C trace context a producer put in a row's headers ([`traceparent`]).
-//! - [`ports`]: the two traits through which the relay reaches the world:
-//!   [`OutboxStore`] (the database) and [`EventPublisher`] (the broker).
+//! - [`ports`]: the traits through which the relay reaches the world: [`OutboxStore`] (the
+//!   database), [`InsertFeed`] (its announcements of new rows), [`EventPublisher`] (the broker).
 
+pub mod backoff;
 pub mod error_text;
 pub mod options;
 pub mod outcome;
@@ -20,12 +22,13 @@ pub mod retry;
 pub mod routing;
 pub mod trace;
 
+pub use backoff::Backoff;
 pub use error_text::{trim_error, MAX_ERROR_BYTES};
 pub use options::{Ordering, RelayOptions};
 pub use outcome::{Failure, MarkBatch, OutcomeKind};
 pub use ports::{
-    Backlog, ClaimRequest, Confirm, EventPublisher, OutboxStats, OutboxStore, PublishError,
-    PurgeTarget, StoreError,
+    Backlog, ClaimRequest, Confirm, EventPublisher, InsertFeed, OutboxStats, OutboxStore,
+    PublishError, PurgeTarget, StoreError,
 };
 pub use record::{OutboxRecord, Status};
 pub use retry::{FailureDecision, RetryPolicy, RetryStrategy};

@@ -1,5 +1,6 @@
-//! The two ports through which the relay reaches the world. Actors hold them as
-//! `Arc<dyn …>`; outbox-store and outbox-amqp implement them for real, unit tests fake them.
+//! The ports through which the relay reaches the world. Actors hold them as `Arc<dyn …>`
+//! (or own a `Box<dyn …>`); outbox-store and outbox-amqp implement them for real, unit tests
+//! fake them. See docs/design.md#the-ports.
 
 use crate::options::Ordering;
 use crate::outcome::MarkBatch;
@@ -182,6 +183,16 @@ pub trait OutboxStore: Send + Sync + 'static {
         older_than: DateTime<Utc>,
         limit: usize,
     ) -> Result<u64, StoreError>;
+}
+
+/// The database's announcements of new rows (PostgreSQL's LISTEN for the insert trigger's
+/// NOTIFY): the relay claims when one arrives instead of at the next poll.
+#[async_trait]
+pub trait InsertFeed: Send + 'static {
+    /// Waits for a reason to claim: the feed has just connected, rows were inserted, or the
+    /// connection was lost and re-established (notifications may have been missed). An
+    /// error means the feed is not listening (it cannot connect); calling again retries.
+    async fn wait(&mut self) -> Result<(), StoreError>;
 }
 
 /// The broker's answer to one publish, awaited separately so many can be in flight.

@@ -1,4 +1,4 @@
-//! Which exchange and routing key an event is published with (DESIGN §5).
+//! Which exchange and routing key an event is published with (docs/design.md#publishing).
 
 use thiserror::Error;
 

@@ -4,14 +4,14 @@ use actix::prelude::*;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    ClaimRequest, Confirm, EventPublisher, MarkBatch, OutboxRecord, OutboxStats, OutboxStore,
-    OutcomeKind, PublishError, PurgeTarget, StoreError,
+    ClaimRequest, Confirm, EventPublisher, InsertFeed, MarkBatch, OutboxRecord, OutboxStats,
+    OutboxStore, OutcomeKind, PublishError, PurgeTarget, StoreError,
 };
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, Notify, Semaphore};
 
 use crate::marker::Outcome;
 
@@ -261,6 +261,65 @@ fn countdown(counter: &AtomicUsize) -> bool {
     counter
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
         .is_ok()
+}
+
+/// A feed of inserts that answers as scripted (`true`: an announcement, `false`: cannot
+/// connect), then waits for [`FakeFeed::answer`]. Clones share the script.
+#[derive(Clone, Default)]
+pub struct FakeFeed {
+    inner: Arc<FeedScript>,
+}
+
+#[derive(Default)]
+struct FeedScript {
+    answers: Mutex<VecDeque<bool>>,
+    more: Notify,
+    /// When each wait began (tokio's clock, which tests may pause).
+    calls: Mutex<Vec<tokio::time::Instant>>,
+}
+
+impl FakeFeed {
+    /// A feed giving `answers` in order.
+    pub fn answering(answers: &[bool]) -> Self {
+        let feed = Self::default();
+        feed.inner.answers.lock().unwrap().extend(answers);
+        feed
+    }
+
+    /// One more answer.
+    pub fn answer(&self, listening: bool) {
+        self.inner.answers.lock().unwrap().push_back(listening);
+        self.inner.more.notify_one();
+    }
+
+    /// When each wait began.
+    pub fn calls(&self) -> Vec<tokio::time::Instant> {
+        self.inner.calls.lock().unwrap().clone()
+    }
+
+    /// True once every other clone (the one the listener owns) is dropped.
+    pub fn dropped(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1
+    }
+}
+
+#[async_trait]
+impl InsertFeed for FakeFeed {
+    async fn wait(&mut self) -> Result<(), StoreError> {
+        self.inner
+            .calls
+            .lock()
+            .unwrap()
+            .push(tokio::time::Instant::now());
+        loop {
+            let next = self.inner.answers.lock().unwrap().pop_front();
+            match next {
+                Some(true) => return Ok(()),
+                Some(false) => return Err(StoreError::Database("connection refused".into())),
+                None => self.inner.more.notified().await,
+            }
+        }
+    }
 }
 
 /// Collects every message of type `M` it receives.

@@ -4,7 +4,7 @@ use crate::instruments::ClaimSizes;
 use crate::publisher::{Publish, Unhold};
 use crate::scheduler::Wake;
 use actix::prelude::*;
-use outbox_core::{ClaimRequest, OutboxStore};
+use outbox_core::{Backoff, ClaimRequest, OutboxStore};
 use std::sync::Arc;
 use std::time::Duration;
 // tokio's clock, so unit tests can move it (`tokio::time::pause`).
@@ -95,34 +95,31 @@ pub struct Fetcher {
     max_in_flight: usize,
     /// Shutdown has begun: no more claims.
     stopped: bool,
-    /// After a failed claim: no claim before this instant (capped exponential backoff).
+    /// After a failed claim: no claim before this instant ([`CLAIM_BACKOFF`]).
     retry_at: Option<Instant>,
-    /// A claim failed, and it may have committed before its answer was lost (a cut
-    /// connection): rows may be leased to this node that no publisher holds. The claim
-    /// trusts this node's own leases to be queued ahead in its publishers, so such orphans
-    /// would let later rows of their rooms overtake them. Until cleared, no claim starts
-    /// while rows are in flight; the next one first releases every lease of this node —
-    /// with nothing in flight, exactly the orphans.
+    /// A failed claim may have committed with its answer lost, leaving rows leased to this
+    /// node that no publisher holds (later rows of their rooms could overtake them). So no
+    /// claim starts while rows are in flight, and the next one first releases this node's
+    /// leases: with nothing in flight, exactly those. See docs/design.md#claims-leases-and-ordering.
     unsure: bool,
-    /// The backoff after the next failed claim.
-    backoff: Duration,
+    /// Between claims while they fail.
+    backoff: Backoff,
     /// A Tick was turned away, or its claim cut short, until outcomes are written (the
     /// in-flight bound, or orphans of a failed claim): the next [`Marked`] wakes the
     /// Scheduler.
     deferred: bool,
-    /// New rows wake the Scheduler themselves ([`InsertsAnnounced`]). Then only a
-    /// `deferred` claim needs a [`Marked`] to wake it: a written outcome makes no row
-    /// claimable for this node (rows behind its own leases are claimable already, and a
-    /// failure puts its row into a backoff that the poll ends). Without announcements every
-    /// Marked wakes the Scheduler: while events keep coming, the relay keeps looking for
-    /// them instead of waiting for the poll.
+    /// New rows wake the Scheduler themselves ([`InsertsAnnounced`]): then only a
+    /// `deferred` claim needs a [`Marked`] to wake it, since a written outcome makes no row
+    /// claimable for this node. Without announcements every Marked wakes the Scheduler, so
+    /// the relay keeps looking for new events. See docs/design.md#wake-ups-and-backoff.
     announced: bool,
     /// `outbox_claim_batch_size`.
     sizes: ClaimSizes,
 }
 
-const FIRST_CLAIM_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(10);
+/// Claims after a failed one: 100 ms doubling to 10 s, jittered.
+pub const CLAIM_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
 
 impl Fetcher {
     /// A fetcher claiming `request.limit` rows at a time with at most `max_in_flight`
@@ -148,7 +145,7 @@ impl Fetcher {
             stopped: false,
             retry_at: None,
             unsure: false,
-            backoff: FIRST_CLAIM_BACKOFF,
+            backoff: CLAIM_BACKOFF,
             deferred: false,
             announced: false,
             sizes: ClaimSizes::new(),
@@ -234,7 +231,7 @@ impl Handler<Tick> for Fetcher {
                     if fetcher.retry_at.take().is_some() {
                         info!("database available again; claiming");
                     }
-                    fetcher.backoff = FIRST_CLAIM_BACKOFF;
+                    fetcher.backoff.reset();
                     let claimed = records.len();
                     fetcher.sizes.claimed(claimed);
                     fetcher.in_flight += claimed;
@@ -254,14 +251,14 @@ impl Handler<Tick> for Fetcher {
                 Err(error) => {
                     // The rows stay pending and unclaimed; a later tick retries once the
                     // backoff has passed. The transition is logged once, not every retry.
+                    let retry_in = fetcher.backoff.next_delay();
                     if fetcher.retry_at.is_none() {
                         warn!(%error, "database unavailable: claims fail; retrying with backoff");
                     } else {
-                        debug!(%error, retry_in = ?fetcher.backoff, "claim failed again");
+                        debug!(%error, ?retry_in, "claim failed again");
                     }
                     fetcher.unsure = true;
-                    fetcher.retry_at = Some(Instant::now() + fetcher.backoff);
-                    fetcher.backoff = (fetcher.backoff * 2).min(MAX_CLAIM_BACKOFF);
+                    fetcher.retry_at = Some(Instant::now() + retry_in);
                     TickReport::default()
                 }
             }),
@@ -515,10 +512,11 @@ mod tests {
             0,
             "the claim failed"
         );
-        // Past the claim backoff (the clock is moved, not waited for), but ten rows are
-        // still in flight: no claim, since an orphan of the failed claim could be overtaken.
+        // Past the claim backoff (the clock is moved, not waited for; a first wait is at
+        // most 100 ms), but ten rows are still in flight: no claim, since an orphan of the
+        // failed claim could be overtaken.
         tokio::time::pause();
-        tokio::time::advance(FIRST_CLAIM_BACKOFF).await;
+        tokio::time::advance(Duration::from_millis(100)).await;
         assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 0);
         assert_eq!(store.node_releases.load(AtomicOrdering::SeqCst), 0);
         fetcher.do_send(Marked {
@@ -559,11 +557,12 @@ mod tests {
     }
 
     #[test]
-    fn a_room_always_maps_to_the_same_publisher() {
-        let first = publisher_for("room-42", 4);
-        assert!((0..100).all(|_| publisher_for("room-42", 4) == first));
-        // FNV-1a of "a" is a published test vector.
+    fn a_room_maps_to_its_publisher_by_a_hash_stable_across_processes() {
+        // Published FNV-1a test vectors: any other hash (say `DefaultHasher`) fails here.
+        assert_eq!(room_hash(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(room_hash("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(room_hash("foobar"), 0x8594_4171_f739_67e8);
+        assert_eq!(publisher_for("foobar", 7), 6, "the hash modulo the pool");
     }
 
     #[test]

@@ -1,12 +1,9 @@
-//! The relay's metrics (DESIGN §10), recorded through the `metrics` facade only.
-//!
-//! Which recorder receives them is the binary's choice (outbox-cli installs a Prometheus
-//! one when `metrics.listen` is set). Without a recorder — unit tests, the bench, `demo` —
-//! every handle is a no-op. Each actor resolves its handles once, when it is built, so
-//! the per-event cost is an atomic add or a histogram push: no name lookup, no label
-//! formatting, no allocation. The recorder must therefore be installed before the relay
-//! starts.
+//! The relay's metrics, recorded through the `metrics` facade only: the binary picks the
+//! recorder, and without one every handle is a no-op. Each actor resolves its handles once
+//! when it is built (an atomic add per event, no name lookup), so the recorder must be
+//! installed before the relay starts. See docs/design.md#logs-metrics-and-health.
 
+use crate::marker::Resolution;
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, histogram, Counter, Histogram,
     Unit,
@@ -126,30 +123,32 @@ impl OutcomeCounters {
         }
     }
 
-    /// One committed flush: each outcome's `status` (`published`, `pending` after a
-    /// failure, `dead`, `released`) and, for failures, its reason. Counted once per flush.
-    pub(crate) fn committed(
-        &self,
-        outcomes: impl ExactSizeIterator<Item = (&'static str, Option<&'static str>)>,
-    ) {
+    /// One committed flush: each row's [`Resolution`], failures by reason. Counted once
+    /// per flush.
+    pub(crate) fn committed<'a>(&self, outcomes: impl ExactSizeIterator<Item = &'a Resolution>) {
         self.mark_batch.record(outcomes.len() as f64);
         let (mut published, mut dead) = (0, 0);
         let mut failed = [0u64; PublishError::REASONS.len()];
-        for (status, reason) in outcomes {
-            match status {
-                "published" => published += 1,
-                "dead" => dead += 1,
-                _ => {}
-            }
-            if let Some(reason) = reason {
-                match PublishError::REASONS
-                    .iter()
-                    .position(|known| *known == reason)
-                {
-                    Some(index) => failed[index] += 1,
-                    // A reason missing from the list (a test in outbox-core prevents it).
-                    None => counter!(EVENTS_FAILED, "reason" => reason).increment(1),
+        for resolution in outcomes {
+            let reason = match resolution {
+                Resolution::Published => {
+                    published += 1;
+                    continue;
                 }
+                Resolution::Released => continue,
+                Resolution::Retried { reason, .. } => reason,
+                Resolution::Dead { reason, .. } => {
+                    dead += 1;
+                    reason
+                }
+            };
+            match PublishError::REASONS
+                .iter()
+                .position(|known| known == reason)
+            {
+                Some(index) => failed[index] += 1,
+                // A reason missing from the list (a test in outbox-core prevents it).
+                None => counter!(EVENTS_FAILED, "reason" => *reason).increment(1),
             }
         }
         if published > 0 {
@@ -248,17 +247,23 @@ mod tests {
     fn a_flush_counts_each_outcome_once_by_kind_and_reason() {
         let totals = Arc::new(Totals::default());
         let counters = metrics::with_local_recorder(totals.as_ref(), OutcomeCounters::new);
-        counters.committed(
-            [
-                ("published", None),
-                ("published", None),
-                ("pending", Some("timeout")),
-                ("dead", Some("invalid")),
-                ("released", None),
-            ]
-            .into_iter(),
-        );
-        counters.committed([("dead", Some("timeout"))].into_iter());
+        let retried = |reason| Resolution::Retried {
+            reason,
+            error: "error text".into(),
+        };
+        let dead = |reason| Resolution::Dead {
+            reason,
+            error: "error text".into(),
+        };
+        let flush = [
+            Resolution::Published,
+            Resolution::Published,
+            retried("timeout"),
+            dead("invalid"),
+            Resolution::Released,
+        ];
+        counters.committed(flush.iter());
+        counters.committed([dead("timeout")].iter());
         assert_eq!(totals.get(EVENTS_PUBLISHED), 2);
         assert_eq!(totals.get(EVENTS_DEAD), 2);
         assert_eq!(totals.get(&format!("{EVENTS_FAILED}{{timeout}}")), 2);

@@ -1,13 +1,13 @@
 //! [`Janitor`]: deletes published rows older than `relay.retention`, a bounded batch at a
 //! time, beside the pipeline.
 
+use crate::waiters::Waiters;
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use outbox_core::options::humanise;
 use outbox_core::{OutboxStore, PurgeTarget, StoreError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 /// Rows per DELETE: the statement's locks cover this many rows and last milliseconds.
@@ -94,15 +94,13 @@ struct Sweeping {
     /// Progress so far.
     report: SweepReport,
     /// Who asked for this sweep.
-    waiting: Vec<oneshot::Sender<SweepReport>>,
+    waiting: Waiters<SweepReport>,
 }
 
-/// Sweeps at start and every `interval`: deletes `published` rows whose `published_at` is
-/// older than `retention`, `batch_size` rows per statement through the
-/// [`OutboxStore::purge`] port, going on while batches come back full, with a pause
-/// between them. Pending and dead rows are never touched. One statement at a time; a
-/// failed one ends the sweep (the next sweep tries again), so a database outage costs one
-/// warning and no retry storm.
+/// Sweeps at start and every `interval`: deletes `published` rows older than `retention`,
+/// `batch_size` rows per [`OutboxStore::purge`], going on while batches come back full,
+/// with a pause between them. Pending and dead rows are never touched. A failed statement
+/// ends the sweep until the next one: an outage costs one warning and no retry storm.
 pub struct Janitor {
     /// The outbox table.
     store: Arc<dyn OutboxStore>,
@@ -113,13 +111,13 @@ pub struct Janitor {
     /// A DELETE is running (a stop waits for it).
     deleting: bool,
     /// Asked for a sweep while one ran: served by the next one.
-    queued: Vec<oneshot::Sender<SweepReport>>,
+    queued: Waiters<SweepReport>,
     /// The last sweep failed: log the recovery once.
     failing: bool,
     /// [`StopSweeping`] arrived: no new batch starts.
     stopped: bool,
     /// Answered once stopped.
-    stopping: Vec<oneshot::Sender<()>>,
+    stopping: Waiters,
 }
 
 impl Janitor {
@@ -130,26 +128,24 @@ impl Janitor {
             options,
             sweeping: None,
             deleting: false,
-            queued: Vec::new(),
+            queued: Waiters::default(),
             failing: false,
             stopped: false,
-            stopping: Vec::new(),
+            stopping: Waiters::default(),
         }
     }
 
     /// Starts a sweep for `waiting` unless one runs (then they wait for the next one).
-    fn sweep(&mut self, waiting: Vec<oneshot::Sender<SweepReport>>, ctx: &mut Context<Self>) {
+    fn sweep(&mut self, mut waiting: Waiters<SweepReport>, ctx: &mut Context<Self>) {
         if self.sweeping.is_some() {
-            self.queued.extend(waiting);
+            self.queued.join(waiting);
             return;
         }
         let Some(older_than) = expiry_bound(Utc::now(), self.options.retention) else {
-            for waiter in waiting {
-                let _ = waiter.send(SweepReport {
-                    complete: true,
-                    ..SweepReport::default()
-                });
-            }
+            waiting.answer(SweepReport {
+                complete: true,
+                ..SweepReport::default()
+            });
             return;
         };
         self.sweeping = Some(Sweeping {
@@ -249,9 +245,7 @@ impl Janitor {
                 "retention: nothing expired"
             );
         }
-        for waiter in sweeping.waiting {
-            let _ = waiter.send(report);
-        }
+        sweeping.waiting.answer(report);
         if self.stopped {
             self.stop(ctx);
         } else if !self.queued.is_empty() {
@@ -261,12 +255,8 @@ impl Janitor {
     }
 
     fn stop(&mut self, ctx: &mut Context<Self>) {
-        for waiter in self.queued.drain(..) {
-            let _ = waiter.send(SweepReport::default());
-        }
-        for done in self.stopping.drain(..) {
-            let _ = done.send(());
-        }
+        self.queued.answer(SweepReport::default());
+        self.stopping.answer(());
         ctx.stop();
     }
 }
@@ -282,10 +272,10 @@ impl Actor for Janitor {
             every = %humanise(self.options.interval),
             "retention: published rows older than the retention are deleted"
         );
-        self.sweep(Vec::new(), ctx);
+        self.sweep(Waiters::default(), ctx);
         ctx.run_interval(self.options.interval, |janitor, ctx| {
             if !janitor.stopped && janitor.sweeping.is_none() {
-                janitor.sweep(Vec::new(), ctx);
+                janitor.sweep(Waiters::default(), ctx);
             }
         });
     }
@@ -304,13 +294,14 @@ impl Handler<Sweep> for Janitor {
     type Result = ResponseFuture<SweepReport>;
 
     fn handle(&mut self, _: Sweep, ctx: &mut Self::Context) -> Self::Result {
-        let (waiter, report) = oneshot::channel();
+        let mut waiting = Waiters::default();
+        let report = waiting.wait();
         if self.stopped {
-            let _ = waiter.send(SweepReport::default());
+            waiting.answer(SweepReport::default());
         } else {
-            self.sweep(vec![waiter], ctx);
+            self.sweep(waiting, ctx);
         }
-        Box::pin(async move { report.await.unwrap_or_default() })
+        report
     }
 }
 
@@ -319,8 +310,7 @@ impl Handler<StopSweeping> for Janitor {
 
     fn handle(&mut self, _: StopSweeping, ctx: &mut Self::Context) -> Self::Result {
         self.stopped = true;
-        let (done, stopped) = oneshot::channel();
-        self.stopping.push(done);
+        let stopped = self.stopping.wait();
         if !self.deleting {
             // Between batches (or idle): nothing to wait for.
             if self.sweeping.is_some() {
@@ -329,9 +319,7 @@ impl Handler<StopSweeping> for Janitor {
                 self.stop(ctx);
             }
         }
-        Box::pin(async move {
-            let _ = stopped.await;
-        })
+        stopped
     }
 }
 

@@ -1,4 +1,4 @@
-//! The relay's actors and its lifecycle (DESIGN §3, §7).
+//! The relay's actors and its lifecycle (docs/design.md#the-pipeline, #shutdown).
 //!
 //! ```text
 //! Scheduler --Tick--> Fetcher --Publish--> Publisher[0..N] --Outcome--> Marker
@@ -15,6 +15,8 @@
 //!   room under `per_room` ordering; holds back a room behind a failure.
 //! - [`marker`]: the single writer of outcomes; batches them, decides retry or dead, and
 //!   never drops one (a failed flush is retried).
+//! - [`listener`]: beside the pipeline, when the store announces inserts (PostgreSQL):
+//!   wakes the Scheduler on each, reconnecting with backoff.
 //! - [`janitor`]: beside the pipeline, when `relay.retention` is set: deletes published
 //!   rows past the retention in bounded batches.
 //! - [`relay`]: wires the actors and shuts them down in order.
@@ -23,16 +25,19 @@
 pub mod fetcher;
 pub mod instruments;
 pub mod janitor;
+pub mod listener;
 pub mod marker;
 pub mod publisher;
 pub mod relay;
 pub mod scheduler;
+mod waiters;
 
 pub use fetcher::{
     Fetcher, InsertsAnnounced, Marked, PublisherHandle, Stop, StopClaiming, Tick, TickReport,
 };
 pub use janitor::{Janitor, JanitorOptions, StopSweeping, Sweep, SweepReport};
-pub use marker::{Marker, Outcome};
+pub use listener::{Listener, StopListening};
+pub use marker::{FlushAndStop, Marker, Outcome};
 pub use publisher::{Drain, Publish, Publisher, Unhold};
 pub use relay::{Relay, ShutdownError};
 pub use scheduler::{Scheduler, Wake};

@@ -2,15 +2,15 @@
 
 use crate::fetcher::Marked;
 use crate::instruments::OutcomeCounters;
+use crate::waiters::Waiters;
 use actix::prelude::*;
 use chrono::Utc;
 use outbox_core::{
-    trim_error, Failure, FailureDecision, MarkBatch, OutboxRecord, OutboxStore, OutcomeKind,
-    RetryPolicy,
+    trim_error, Backoff, Failure, FailureDecision, MarkBatch, OutboxRecord, OutboxStore,
+    OutcomeKind, RetryPolicy,
 };
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
 use tracing::{debug, error, info, warn};
 
 /// What became of one claimed record (from a Publisher).
@@ -23,8 +23,11 @@ pub struct Outcome {
     pub kind: OutcomeKind,
 }
 
-/// Flush everything, then stop. Answered once every outcome is written.
-pub use crate::publisher::Drain;
+/// Write every outcome that waits or still arrives, then stop (shutdown, once the
+/// publishers have drained). Answered once everything is written.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct FlushAndStop;
 
 /// How the Marker batches.
 #[derive(Debug, Clone)]
@@ -41,14 +44,35 @@ pub struct MarkerOptions {
     pub max_delay: Duration,
 }
 
+/// What a flush writes for one row. Its log line's `status`: `published`, `pending`,
+/// `dead`, and `released` (or `stopped` when released during shutdown).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Resolution {
+    /// Confirmed by the broker.
+    Published,
+    /// Failed; stays pending until its next attempt.
+    Retried {
+        /// [`outbox_core::PublishError::reason`], for its counter.
+        reason: &'static str,
+        /// The trimmed error written to `last_error`.
+        error: String,
+    },
+    /// Failed for good.
+    Dead {
+        /// [`outbox_core::PublishError::reason`], for its counter.
+        reason: &'static str,
+        /// The trimmed error written to `last_error`.
+        error: String,
+    },
+    /// Not attempted: only the lease is given back.
+    Released,
+}
+
 /// One decided outcome, kept until its flush is committed and then logged.
 #[derive(Debug)]
 struct Decided {
     record: OutboxRecord,
-    status: &'static str,
-    error: Option<String>,
-    /// A failure's [`outbox_core::PublishError::reason`], for its counter.
-    reason: Option<&'static str>,
+    resolution: Resolution,
 }
 
 /// Batches outcomes into one transaction per flush and serialises the flushes. Outcomes
@@ -69,16 +93,16 @@ pub struct Marker {
     flushing: Option<(Arc<MarkBatch>, Vec<Decided>)>,
     /// A delayed flush is scheduled.
     scheduled: bool,
-    /// Backoff before retrying a failed flush.
-    backoff: Duration,
+    /// Between retries of a failed flush.
+    backoff: Backoff,
     /// Answered once everything is written (shutdown).
-    drained: Vec<oneshot::Sender<()>>,
+    drained: Waiters,
     /// Committed outcomes by kind, and flush sizes.
     counters: OutcomeCounters,
 }
 
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Retries of a failed flush: 100 ms doubling to 5 s, jittered.
+const BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
 impl Marker {
     /// A marker writing to `store` and reporting commits to `fetcher`.
@@ -94,8 +118,8 @@ impl Marker {
             waiting: Vec::new(),
             flushing: None,
             scheduled: false,
-            backoff: FIRST_BACKOFF,
-            drained: Vec::new(),
+            backoff: BACKOFF,
+            drained: Waiters::default(),
             counters: OutcomeCounters::new(),
         }
     }
@@ -106,20 +130,17 @@ impl Marker {
         let mut batch = MarkBatch::default();
         let mut decided = Vec::with_capacity(outcomes.len());
         for Outcome { record, kind } in outcomes {
-            let reason = match &kind {
-                OutcomeKind::Failed(failure) => Some(failure.reason()),
-                _ => None,
-            };
-            let (status, error) = match kind {
+            let resolution = match kind {
                 OutcomeKind::Published => {
                     batch.published.push(record.id);
-                    ("published", None)
+                    Resolution::Published
                 }
                 OutcomeKind::Released => {
                     batch.released.push(record.id);
-                    ("released", None)
+                    Resolution::Released
                 }
                 OutcomeKind::Failed(failure) => {
+                    let reason = failure.reason();
                     let error = trim_error(&failure.to_string());
                     let row = Failure {
                         id: record.id,
@@ -136,21 +157,16 @@ impl Marker {
                             batch
                                 .retried
                                 .push((row, now.checked_add_signed(delay).unwrap_or(now)));
-                            ("pending", Some(error))
+                            Resolution::Retried { reason, error }
                         }
                         FailureDecision::Dead => {
                             batch.dead.push(row);
-                            ("dead", Some(error))
+                            Resolution::Dead { reason, error }
                         }
                     }
                 }
             };
-            decided.push(Decided {
-                record,
-                status,
-                error,
-                reason,
-            });
+            decided.push(Decided { record, resolution });
         }
         (batch, decided)
     }
@@ -200,7 +216,7 @@ impl Marker {
         .into_actor(self)
         .map(|result, marker, ctx| match result {
             Ok(()) => {
-                marker.backoff = FIRST_BACKOFF;
+                marker.backoff.reset();
                 if let Some((_, decided)) = marker.flushing.take() {
                     marker.log_committed(&decided);
                     marker.fetcher.do_send(Marked {
@@ -212,17 +228,17 @@ impl Marker {
             }
             Err(error) => {
                 let rows = marker.flushing.as_ref().map_or(0, |(batch, _)| batch.len());
+                let retry_in = marker.backoff.next_delay();
                 warn!(
                     worker = %marker.options.worker,
                     node_id = %marker.options.node_id,
                     status = "batch_failed",
                     rows,
-                    retry_in = ?marker.backoff,
+                    ?retry_in,
                     %error,
                     "writing outcomes failed; keeping them and retrying"
                 );
-                ctx.run_later(marker.backoff, |marker, ctx| marker.write(ctx));
-                marker.backoff = (marker.backoff * 2).min(MAX_BACKOFF);
+                ctx.run_later(retry_in, |marker, ctx| marker.write(ctx));
             }
         })
         .spawn(ctx);
@@ -231,17 +247,17 @@ impl Marker {
     fn log_committed(&self, decided: &[Decided]) {
         // Counted here, with the log lines: the counters say what the table says.
         self.counters
-            .committed(decided.iter().map(|done| (done.status, done.reason)));
+            .committed(decided.iter().map(|done| &done.resolution));
         let worker = self.options.worker.as_str();
         let node_id = self.options.node_id.as_str();
-        for Decided {
-            record,
-            status,
-            error,
-            ..
-        } in decided
-        {
-            let error = error.as_deref().unwrap_or("");
+        let stopping = !self.drained.is_empty();
+        for Decided { record, resolution } in decided {
+            let error = match resolution {
+                Resolution::Retried { error, .. } | Resolution::Dead { error, .. } => {
+                    error.as_str()
+                }
+                Resolution::Published | Resolution::Released => "",
+            };
             macro_rules! outcome {
                 ($level:ident, $status:expr, $retry_count:expr, $message:literal) => {
                     $level!(
@@ -261,24 +277,26 @@ impl Marker {
                     )
                 };
             }
-            match *status {
-                "published" => outcome!(debug, "published", record.retry_count, "event published"),
-                "pending" => outcome!(
+            match resolution {
+                Resolution::Published => {
+                    outcome!(debug, "published", record.retry_count, "event published")
+                }
+                Resolution::Retried { .. } => outcome!(
                     warn,
                     "pending",
                     record.retry_count + 1,
                     "publish failed; will retry"
                 ),
-                "dead" => outcome!(
+                Resolution::Dead { .. } => outcome!(
                     error,
                     "dead",
                     record.retry_count + 1,
                     "publish failed; event is dead"
                 ),
-                _ if !self.drained.is_empty() => {
+                Resolution::Released if stopping => {
                     outcome!(info, "stopped", record.retry_count, "released on shutdown")
                 }
-                _ => outcome!(
+                Resolution::Released => outcome!(
                     debug,
                     "released",
                     record.retry_count,
@@ -290,9 +308,7 @@ impl Marker {
 
     fn stop_if_drained(&mut self, ctx: &mut Context<Self>) {
         if !self.drained.is_empty() && self.waiting.is_empty() && self.flushing.is_none() {
-            for done in self.drained.drain(..) {
-                let _ = done.send(());
-            }
+            self.drained.answer(());
             ctx.stop();
         }
     }
@@ -302,8 +318,8 @@ impl Marker {
 /// `published`.
 fn unheld_rooms(decided: &[Decided]) -> Vec<(String, usize)> {
     let mut rooms: Vec<(String, usize)> = Vec::new();
-    for Decided { record, status, .. } in decided {
-        if *status == "published" {
+    for Decided { record, resolution } in decided {
+        if *resolution == Resolution::Published {
             continue;
         }
         match rooms.iter_mut().find(|(room, _)| *room == record.room_id) {
@@ -335,16 +351,13 @@ impl Handler<Outcome> for Marker {
     }
 }
 
-impl Handler<Drain> for Marker {
+impl Handler<FlushAndStop> for Marker {
     type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: Drain, ctx: &mut Self::Context) -> Self::Result {
-        let (done, drained) = oneshot::channel();
-        self.drained.push(done);
+    fn handle(&mut self, _: FlushAndStop, ctx: &mut Self::Context) -> Self::Result {
+        let drained = self.drained.wait();
         self.flush(ctx);
-        Box::pin(async move {
-            let _ = drained.await;
-        })
+        drained
     }
 }
 
@@ -522,16 +535,18 @@ mod tests {
         let store = Arc::new(FakeStore::default());
         let (fetcher, _marked) = Collector::<Marked>::start();
         let marker = Marker::new(store.clone(), fetcher.recipient(), options(100, 0)).start();
-        marker.do_send(published(1));
-        marker.do_send(Outcome {
+        // `send` returns once the Marker has handled the outcome.
+        marker.send(published(1)).await.unwrap();
+        let released = Outcome {
             record: record(2, "c"),
             kind: OutcomeKind::Released,
-        });
+        };
+        marker.send(released).await.unwrap();
         assert!(
             store.committed().is_empty(),
             "below the batch size nothing is written yet"
         );
-        marker.send(Drain).await.expect("drain answered");
+        marker.send(FlushAndStop).await.expect("drain answered");
         let batches = store.committed();
         assert_eq!(batches.len(), 1);
         assert_eq!(batches[0].published, vec![1]);

@@ -2,11 +2,11 @@
 
 use crate::instruments::ConfirmTimes;
 use crate::marker::Outcome;
+use crate::waiters::Waiters;
 use actix::prelude::*;
 use outbox_core::{EventPublisher, Ordering, OutboxRecord, OutcomeKind, PublishError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use tokio::sync::oneshot;
 
 /// Publish this record (from the Fetcher).
 #[derive(Message, Debug, Clone)]
@@ -29,16 +29,11 @@ pub struct Unhold {
 #[rtype(result = "()")]
 pub struct Drain;
 
-/// One publisher of the pool. Owns one confirm channel (behind the [`EventPublisher`]
-/// port) and keeps many publishes in flight. Under `per_room` ordering a room has at most
-/// one unconfirmed message: later records of the room wait in its queue, and when a
-/// publish fails they are released, not published, so the room stays in order.
-///
-/// A room whose failure or releases are not yet written stays *held*: records of it that
-/// arrive meanwhile (claimed before the write) are released too. Until the write, the
-/// database still shows the released rows leased to this node, and the claim lets a node
-/// go deeper into rooms it holds; releasing the newcomers keeps them from overtaking the
-/// released rows. [`Unhold`] reports the written outcomes.
+/// One publisher of the pool: one confirm channel (the [`EventPublisher`] port), many
+/// publishes in flight. Under `per_room` ordering a room has one unconfirmed message at a
+/// time, and a failure releases the room's waiting records and holds the room until
+/// [`Unhold`] says its outcomes are written, so no later row overtakes them. See
+/// docs/design.md#claims-leases-and-ordering.
 pub struct Publisher {
     /// The confirm channel.
     port: Arc<dyn EventPublisher>,
@@ -53,7 +48,7 @@ pub struct Publisher {
     /// Publishes awaiting their confirm.
     in_flight: usize,
     /// Set by [`Drain`]: answered once `in_flight` reaches zero.
-    drained: Vec<oneshot::Sender<()>>,
+    drained: Waiters,
     /// Draining: nothing new starts.
     draining: bool,
     /// `outbox_publish_confirm_seconds`, `outbox_commit_to_confirm_seconds`.
@@ -74,7 +69,7 @@ impl Publisher {
             rooms: HashMap::new(),
             held: HashMap::new(),
             in_flight: 0,
-            drained: Vec::new(),
+            drained: Waiters::default(),
             draining: false,
             times: ConfirmTimes::new(),
         }
@@ -145,9 +140,7 @@ impl Publisher {
 
     fn stop_if_drained(&mut self, ctx: &mut Context<Self>) {
         if self.draining && self.in_flight == 0 {
-            for done in self.drained.drain(..) {
-                let _ = done.send(());
-            }
+            self.drained.answer(());
             ctx.stop();
         }
     }
@@ -211,12 +204,9 @@ impl Handler<Drain> for Publisher {
         for record in waiting {
             self.report(record, OutcomeKind::Released);
         }
-        let (done, drained) = oneshot::channel();
-        self.drained.push(done);
+        let drained = self.drained.wait();
         self.stop_if_drained(ctx);
-        Box::pin(async move {
-            let _ = drained.await;
-        })
+        drained
     }
 }
 

@@ -1,12 +1,16 @@
-//! [`Relay`]: starts the actors, wired as DESIGN §3 draws them, and stops them in order.
+//! [`Relay`]: starts the actors, wired as docs/design.md#the-pipeline draws them, and stops
+//! them in order.
 
-use crate::fetcher::{Fetcher, InsertsAnnounced, PublisherHandle, Stop, StopClaiming};
+use crate::fetcher::{Fetcher, PublisherHandle, Stop, StopClaiming};
 use crate::janitor::{Janitor, JanitorOptions, StopSweeping};
-use crate::marker::{Marker, MarkerOptions};
+use crate::listener::{Listener, StopListening};
+use crate::marker::{FlushAndStop, Marker, MarkerOptions};
 use crate::publisher::{Drain, Publisher};
 use crate::scheduler::{Scheduler, StopTicking};
 use actix::prelude::*;
-use outbox_core::{ClaimRequest, EventPublisher, OutboxStore, RelayOptions, StoreError};
+use outbox_core::{
+    ClaimRequest, EventPublisher, InsertFeed, OutboxStore, RelayOptions, StoreError,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -30,8 +34,8 @@ const IN_FLIGHT_BATCHES: usize = 4;
 /// 65,535; a flush binds one per id, a failure three).
 const MAX_FLUSH: usize = 5_000;
 
-/// A running relay: one Scheduler, one Fetcher, a Publisher per port, one Marker, and a
-/// Janitor when `relay.retention` is set.
+/// A running relay: one Scheduler, one Fetcher, a Publisher per port, one Marker, a
+/// Janitor when `relay.retention` is set, and a Listener when the store announces inserts.
 pub struct Relay {
     scheduler: Addr<Scheduler>,
     fetcher: Addr<Fetcher>,
@@ -43,8 +47,8 @@ pub struct Relay {
     ports: Vec<Arc<dyn EventPublisher>>,
     store: Arc<dyn OutboxStore>,
     options: RelayOptions,
-    /// Tasks that feed the relay (database wake-ups); they end with it.
-    helpers: Vec<actix_rt::task::JoinHandle<()>>,
+    /// Wakes the relay on the database's announcements of inserts; see [`Relay::listen`].
+    listener: Option<Addr<Listener>>,
 }
 
 impl Relay {
@@ -138,36 +142,29 @@ impl Relay {
             ports,
             store,
             options,
-            helpers: Vec::new(),
+            listener: None,
         })
     }
 
-    /// Where to send [`crate::Wake`] to make the relay claim at once (database wake-ups).
-    pub fn waker(&self) -> Recipient<crate::Wake> {
-        self.scheduler.clone().recipient()
+    /// Claims at once whenever `feed` announces inserts (PostgreSQL's NOTIFY), besides
+    /// polling; while the feed is listening, written outcomes no longer wake claims. The
+    /// feed stops with the relay. A second call replaces the first feed.
+    pub fn listen(&mut self, feed: Box<dyn InsertFeed>) {
+        let listener = Listener::new(
+            feed,
+            self.scheduler.clone().recipient(),
+            self.fetcher.clone().recipient(),
+        )
+        .start();
+        if let Some(previous) = self.listener.replace(listener) {
+            previous.do_send(StopListening);
+        }
     }
 
-    /// Ties a helper task to the relay: it is aborted when the relay shuts down (on the
-    /// relay's runtime, where its resources can still be closed).
-    pub fn attach(&mut self, helper: actix_rt::task::JoinHandle<()>) {
-        self.helpers.push(helper);
-    }
-
-    /// Where a feed of inserts (PostgreSQL's NOTIFY) says whether it is listening: while
-    /// it is, written outcomes stop waking the Scheduler, which new rows already do.
-    pub fn announcer(&self) -> Recipient<InsertsAnnounced> {
-        self.fetcher.clone().recipient()
-    }
-
-    /// The options the relay runs with.
-    pub fn options(&self) -> &RelayOptions {
-        &self.options
-    }
-
-    /// Stops in order (DESIGN §7): no more ticks, no more claims, publishers finish what is
-    /// in flight and release the rest, channels close, the Marker writes every outcome, the
-    /// Janitor's last DELETE ends, and any lease this node still holds is cleared. Bounded
-    /// by `shutdown_timeout`.
+    /// Stops in order (docs/design.md#shutdown): no more wake-ups, ticks or claims;
+    /// publishers finish what is in flight and release the rest; channels close; the Marker
+    /// writes every outcome; the Janitor's last DELETE ends; leases this node still holds
+    /// are cleared. Bounded by `shutdown_timeout`.
     pub async fn shutdown(self) -> Result<(), ShutdownError> {
         let limit = self.options.shutdown_timeout;
         tokio::time::timeout(limit, self.drain())
@@ -176,8 +173,8 @@ impl Relay {
     }
 
     async fn drain(&self) {
-        for helper in &self.helpers {
-            helper.abort();
+        if let Some(listener) = &self.listener {
+            listener.do_send(StopListening);
         }
         self.scheduler.do_send(StopTicking);
         // Enqueued now, awaited last: a DELETE under way finishes meanwhile.
@@ -204,7 +201,7 @@ impl Relay {
         for closed in closes {
             let _ = closed.await;
         }
-        let _ = self.marker.send(Drain).await;
+        let _ = self.marker.send(FlushAndStop).await;
         if let Some(stopped) = janitor_stopped {
             let _ = stopped.await;
         }

@@ -5,7 +5,8 @@ use actix::prelude::*;
 use std::time::Duration;
 use tracing::warn;
 
-/// "Claim again": outcomes were written, freeing capacity and unblocking rooms.
+/// "Claim again": outcomes were written (freeing capacity and unblocking rooms), or the
+/// database announced inserts.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct Wake;
@@ -16,8 +17,8 @@ pub struct Wake;
 pub struct StopTicking;
 
 /// Sends [`Tick`] at start, every `poll_interval`, at once again while claims come back full
-/// (drain mode), and on [`Wake`] whenever outcomes were written. One Tick at a time: ticks
-/// that fall due while a claim runs are folded into one follow-up.
+/// (drain mode), and on [`Wake`]. One Tick at a time: ticks that fall due while a claim
+/// runs are folded into one follow-up.
 pub struct Scheduler {
     /// Where ticks go.
     fetcher: Recipient<Tick>,

@@ -26,7 +26,7 @@ pub mod store;
 pub use admin::{DeadEvent, DeadFilter, Requeue};
 pub use connection_url::connection_url;
 pub use migration::migrate;
-pub use notify::InsertListener;
+pub use notify::PgInsertFeed;
 pub use producer::{enqueue, insert_events, NewEvent};
 pub use sql::{TableName, TableNameError};
 pub use store::{connect, SeaOrmStore};

@@ -1,35 +1,77 @@
 //! Wake-ups on PostgreSQL: the migration adds a statement-level trigger that NOTIFYs the
-//! channel named after the table on every insert; [`InsertListener`] LISTENs to it, so the
+//! channel named after the table on every insert; [`PgInsertFeed`] LISTENs to it, so the
 //! relay claims at once instead of at the next poll. Polling stays as the fallback.
 
 use crate::sql::TableName;
+use crate::SeaOrmStore;
+use async_trait::async_trait;
+use outbox_core::{InsertFeed, StoreError};
 use sea_orm::sqlx::postgres::PgListener;
+use sea_orm::{ConnectionTrait, DbBackend};
+use tracing::debug;
 
-/// A LISTEN connection on the table's channel. Reconnects by itself when the connection
-/// is lost.
-pub struct InsertListener {
-    listener: PgListener,
+impl SeaOrmStore {
+    /// The feed of this store's inserts on PostgreSQL, connecting to `url` (the URL the
+    /// store was opened with); `None` on the backends that have no NOTIFY.
+    pub fn insert_feed(&self, url: &str) -> Option<PgInsertFeed> {
+        let postgres = self.connection().get_database_backend() == DbBackend::Postgres;
+        postgres.then(|| PgInsertFeed::new(url, self.table().clone()))
+    }
 }
 
-impl std::fmt::Debug for InsertListener {
+/// The [`InsertFeed`] port on a LISTEN connection to the table's channel: connects on the
+/// first wait, and reconnects by itself when the connection is lost.
+pub struct PgInsertFeed {
+    /// May hold a password: never logged.
+    url: String,
+    /// The channel is named after it.
+    table: TableName,
+    /// Connected once a wait succeeded.
+    listener: Option<PgListener>,
+}
+
+impl std::fmt::Debug for PgInsertFeed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("InsertListener")
+        f.debug_struct("PgInsertFeed")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
     }
 }
 
-impl InsertListener {
-    /// Connects to `url` (PostgreSQL; plain text unless the URL asks for TLS, like the
-    /// pool) and listens on `table`'s channel.
-    pub async fn connect(url: &str, table: &TableName) -> Result<Self, sea_orm::sqlx::Error> {
-        let mut listener = PgListener::connect(&crate::connection_url(url)).await?;
-        listener.listen(table.as_str()).await?;
-        Ok(Self { listener })
+impl PgInsertFeed {
+    /// A feed of `table`'s inserts on the PostgreSQL server at `url` (plain text unless
+    /// the URL asks for TLS, like the pool); connects on the first [`InsertFeed::wait`].
+    pub fn new(url: &str, table: TableName) -> Self {
+        Self {
+            url: url.to_owned(),
+            table,
+            listener: None,
+        }
     }
+}
 
-    /// Waits for a reason to claim: rows were inserted, or the connection was lost and
-    /// re-established (notifications may have been missed meanwhile). An error means the
-    /// reconnection failed; calling again retries it.
-    pub async fn wait(&mut self) -> Result<(), sea_orm::sqlx::Error> {
-        self.listener.try_recv().await.map(|_| ())
+fn database(error: sea_orm::sqlx::Error) -> StoreError {
+    StoreError::Database(error.to_string())
+}
+
+#[async_trait]
+impl InsertFeed for PgInsertFeed {
+    async fn wait(&mut self) -> Result<(), StoreError> {
+        match self.listener.as_mut() {
+            // A lost connection is re-established inside `try_recv` (and answers `None`);
+            // an error means that failed, and the next call tries again.
+            Some(listener) => listener.try_recv().await.map(|_| ()).map_err(database),
+            None => {
+                let url = crate::connection_url(&self.url);
+                let mut listener = PgListener::connect(&url).await.map_err(database)?;
+                listener
+                    .listen(self.table.as_str())
+                    .await
+                    .map_err(database)?;
+                debug!(channel = %self.table, "listening for inserts");
+                self.listener = Some(listener);
+                Ok(())
+            }
+        }
     }
 }
