@@ -3,19 +3,8 @@
 use chrono::Utc;
 use outbox_core::{trim_error, ClaimRequest, Failure, MarkBatch, Ordering, OutboxStore};
 use outbox_store::{NewEvent, TableName};
-use outbox_tests::{Backend, TestDatabase};
+use outbox_tests::{event, per_backend, Backend, TestDatabase};
 use std::time::Duration;
-
-fn event(id: &str, room: &str) -> NewEvent {
-    NewEvent {
-        event_id: id.into(),
-        event_type: "room.test".into(),
-        room_id: room.into(),
-        envelope: "{}".into(),
-        headers: None,
-        available_at: None,
-    }
-}
 
 fn claim(node: &str, limit: usize, ordering: Ordering) -> ClaimRequest {
     ClaimRequest {
@@ -26,7 +15,7 @@ fn claim(node: &str, limit: usize, ordering: Ordering) -> ClaimRequest {
     }
 }
 
-async fn long_multibyte_error_is_stored_within_512_bytes(backend: Backend) {
+async fn keeps_last_error_within_512_bytes_on_a_char_boundary(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     outbox_tests::seed(&database, &[event("e1", "r")]).await;
     let claimed = database
@@ -61,20 +50,7 @@ async fn long_multibyte_error_is_stored_within_512_bytes(backend: Backend) {
     database.drop_table().await;
 }
 
-#[actix_rt::test]
-async fn postgres_keeps_last_error_within_512_bytes_on_a_char_boundary() {
-    long_multibyte_error_is_stored_within_512_bytes(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_keeps_last_error_within_512_bytes_on_a_char_boundary() {
-    long_multibyte_error_is_stored_within_512_bytes(Backend::MySql).await;
-}
-
-#[actix_rt::test]
-async fn sqlite_keeps_last_error_within_512_bytes_on_a_char_boundary() {
-    long_multibyte_error_is_stored_within_512_bytes(Backend::Sqlite).await;
-}
+per_backend!(keeps_last_error_within_512_bytes_on_a_char_boundary: postgres, mariadb, sqlite);
 
 async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
     let database = TestDatabase::new(backend).await;
@@ -144,32 +120,11 @@ async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
     database.drop_table().await;
 }
 
-#[actix_rt::test]
-async fn postgres_per_room_claims_take_a_prefix_and_wait_for_outcomes() {
-    per_room_claims_take_a_prefix_and_wait_for_outcomes(Backend::Postgres).await;
-}
+per_backend!(per_room_claims_take_a_prefix_and_wait_for_outcomes: postgres, mariadb, sqlite);
 
-#[actix_rt::test]
-async fn mariadb_per_room_claims_take_a_prefix_and_wait_for_outcomes() {
-    per_room_claims_take_a_prefix_and_wait_for_outcomes(Backend::MySql).await;
-}
-
-#[actix_rt::test]
-async fn sqlite_per_room_claims_take_a_prefix_and_wait_for_outcomes() {
-    per_room_claims_take_a_prefix_and_wait_for_outcomes(Backend::Sqlite).await;
-}
-
-#[actix_rt::test]
-async fn a_node_that_lost_its_lease_cannot_overwrite_the_new_holder_but_published_wins() {
-    lost_lease_cannot_overwrite(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_a_node_that_lost_its_lease_cannot_overwrite_the_new_holder() {
-    lost_lease_cannot_overwrite(Backend::MySql).await;
-}
-
-async fn lost_lease_cannot_overwrite(backend: Backend) {
+async fn a_node_that_lost_its_lease_cannot_overwrite_the_new_holder_but_published_wins(
+    backend: Backend,
+) {
     let database = TestDatabase::new(backend).await;
     outbox_tests::seed(&database, &[event("x1", "x"), event("y1", "y")]).await;
     let store = &database.store;
@@ -211,6 +166,11 @@ async fn lost_lease_cannot_overwrite(backend: Backend) {
     assert_eq!(y1.retry_count, 0, "the stale failure is ignored");
     database.drop_table().await;
 }
+
+per_backend!(
+    a_node_that_lost_its_lease_cannot_overwrite_the_new_holder_but_published_wins: postgres,
+    mariadb
+);
 
 #[actix_rt::test]
 async fn a_node_may_claim_deeper_into_rooms_it_holds() {
@@ -323,12 +283,4 @@ async fn runners_started_together_migrate_one_table(backend: Backend) {
     database.drop_table().await;
 }
 
-#[actix_rt::test]
-async fn postgres_runners_started_together_migrate_one_table() {
-    runners_started_together_migrate_one_table(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_runners_started_together_migrate_one_table() {
-    runners_started_together_migrate_one_table(Backend::MySql).await;
-}
+per_backend!(runners_started_together_migrate_one_table: postgres, mariadb);
