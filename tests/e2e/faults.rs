@@ -1,14 +1,24 @@
 //! Riding through faults, injected by a TCP proxy between the relay and a service.
 
 use outbox_tests::{
-    assert_every_event_delivered, event, eventually, room_events, Backend, FaultProxy,
-    RelayProcess, TestApp, TestEvent,
+    event, eventually, room_events, Backend, FaultProxy, RelayProcess, TestApp, TestEvent,
 };
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 fn local(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Once `delivered` events arrived, takes `proxy`'s service away for `outage`.
+async fn outage_after(app: &TestApp, delivered: usize, proxy: &FaultProxy, outage: Duration) {
+    app.broker
+        .wait_for(delivered, Duration::from_secs(120))
+        .await;
+    proxy.go_down();
+    // The outage itself: the relay is without that service meanwhile.
+    tokio::time::sleep(outage).await;
+    proxy.restore();
 }
 
 #[actix_rt::test]
@@ -27,13 +37,7 @@ async fn broker_link_cut_three_times_loses_nothing_and_recovers_by_itself() {
         .await;
 
     for cut in 1..=3 {
-        app.broker
-            .wait_for(cut * EVENTS / 5, Duration::from_secs(120))
-            .await;
-        proxy.go_down();
-        // The outage itself: two seconds without a broker.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        proxy.restore();
+        outage_after(&app, cut * EVENTS / 5, &proxy, Duration::from_secs(2)).await;
     }
     app.database
         .wait_all_published(Duration::from_secs(180))
@@ -45,12 +49,7 @@ async fn broker_link_cut_three_times_loses_nothing_and_recovers_by_itself() {
         proxy.accepted()
     );
 
-    let received = app.broker.wait_for(EVENTS, Duration::from_secs(30)).await;
-    let duplicates = assert_every_event_delivered(&received, &seeded);
-    println!(
-        "broker cut test: {} deliveries for {EVENTS} events, {duplicates} duplicates",
-        received.len()
-    );
+    app.expect_every_event("broker cut test", &seeded).await;
     app.teardown().await;
 }
 
@@ -67,24 +66,13 @@ async fn database_link_cut_for_3s_loses_nothing() {
         .spawn()
         .await;
 
-    app.broker
-        .wait_for(EVENTS / 4, Duration::from_secs(120))
-        .await;
-    proxy.go_down();
-    // The outage itself: three seconds without a database.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    proxy.restore();
+    outage_after(&app, EVENTS / 4, &proxy, Duration::from_secs(3)).await;
     app.database
         .wait_all_published(Duration::from_secs(180))
         .await;
     app.stop().await;
 
-    let received = app.broker.wait_for(EVENTS, Duration::from_secs(30)).await;
-    let duplicates = assert_every_event_delivered(&received, &seeded);
-    println!(
-        "database cut test: {} deliveries for {EVENTS} events, {duplicates} duplicates",
-        received.len()
-    );
+    let duplicates = app.expect_every_event("database cut test", &seeded).await;
     assert_eq!(
         duplicates, 0,
         "leases outlived the outage: nothing published twice"

@@ -1,7 +1,9 @@
 //! The store's own guarantees on real databases.
 
 use chrono::Utc;
-use outbox_core::{trim_error, ClaimRequest, Failure, MarkBatch, Ordering, OutboxStore};
+use outbox_core::{
+    trim_error, ClaimRequest, Failure, MarkBatch, Ordering, OutboxRecord, OutboxStore,
+};
 use outbox_store::{NewEvent, TableName};
 use outbox_tests::{event, per_backend, Backend, TestDatabase};
 use std::time::Duration;
@@ -13,6 +15,11 @@ fn claim(node: &str, limit: usize, ordering: Ordering) -> ClaimRequest {
         lease: Duration::from_secs(30),
         ordering,
     }
+}
+
+/// The event ids of `claimed`, in claim order.
+fn event_ids(claimed: &[OutboxRecord]) -> Vec<&str> {
+    claimed.iter().map(|r| r.event_id.as_str()).collect()
 }
 
 async fn keeps_last_error_within_512_bytes_on_a_char_boundary(backend: Backend) {
@@ -65,9 +72,8 @@ async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
         .claim(&claim("n1", 3, Ordering::PerRoom))
         .await
         .unwrap();
-    let ids: Vec<&str> = first.iter().map(|r| r.event_id.as_str()).collect();
     assert_eq!(
-        ids,
+        event_ids(&first),
         ["a1", "b1", "a2"],
         "oldest first, a prefix of each room"
     );
@@ -98,13 +104,15 @@ async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
         .claim(&claim("n2", 10, Ordering::PerRoom))
         .await
         .unwrap();
-    let ids: Vec<&str> = third.iter().map(|r| r.event_id.as_str()).collect();
-    assert_eq!(ids, ["b2"], "a2 and a3 wait behind a1's backoff");
+    assert_eq!(
+        event_ids(&third),
+        ["b2"],
+        "a2 and a3 wait behind a1's backoff"
+    );
 
     let none = store.claim(&claim("n3", 10, Ordering::None)).await.unwrap();
-    let ids: Vec<&str> = none.iter().map(|r| r.event_id.as_str()).collect();
     assert_eq!(
-        ids,
+        event_ids(&none),
         ["a2", "a3"],
         "without ordering only leases and backoff count"
     );
@@ -185,13 +193,7 @@ async fn a_node_may_claim_deeper_into_rooms_it_holds() {
         .claim(&claim("n1", 2, Ordering::PerRoom))
         .await
         .unwrap();
-    assert_eq!(
-        first
-            .iter()
-            .map(|r| r.event_id.as_str())
-            .collect::<Vec<_>>(),
-        ["a1", "a2"]
-    );
+    assert_eq!(event_ids(&first), ["a1", "a2"]);
     let other = store
         .claim(&claim("n2", 10, Ordering::PerRoom))
         .await
@@ -201,13 +203,7 @@ async fn a_node_may_claim_deeper_into_rooms_it_holds() {
         .claim(&claim("n1", 10, Ordering::PerRoom))
         .await
         .unwrap();
-    assert_eq!(
-        deeper
-            .iter()
-            .map(|r| r.event_id.as_str())
-            .collect::<Vec<_>>(),
-        ["a3", "a4"]
-    );
+    assert_eq!(event_ids(&deeper), ["a3", "a4"]);
     database.drop_table().await;
 }
 

@@ -3,9 +3,10 @@
 //! call takes it all down again ([`TestApp::teardown`]).
 
 use crate::relay::InProcessRelay;
-use crate::{seed, unique_name, Backend, TestBroker, TestDatabase};
+use crate::{assert_every_event_delivered, seed, unique_name, Backend, TestBroker, TestDatabase};
 use outbox_cli::settings::{Config, Settings};
 use outbox_store::NewEvent;
+use std::time::Duration;
 
 /// Settings for a relay on `database` and `broker`, fast enough for tests, adjusted by
 /// `adjust`.
@@ -167,6 +168,23 @@ impl TestApp {
     /// [`TestApp::settings_with`], validated.
     pub fn config_with(&self, adjust: impl FnOnce(&mut Settings)) -> Config {
         validate(self.settings_with(adjust))
+    }
+
+    /// Waits (30 s at most) until every one of `events` arrived, checks that each room's
+    /// first deliveries came in id order, and prints the count of duplicates for `test`;
+    /// returns that count.
+    pub async fn expect_every_event(&self, test: &str, events: &[NewEvent]) -> usize {
+        let received = self
+            .broker
+            .wait_for(events.len(), Duration::from_secs(30))
+            .await;
+        let duplicates = assert_every_event_delivered(&received, events);
+        println!(
+            "{test}: {} deliveries for {} events, {duplicates} duplicates",
+            received.len(),
+            events.len()
+        );
+        duplicates
     }
 
     /// Stops the relay if it still runs, then deletes the exchange (the queue goes with
