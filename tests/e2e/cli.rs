@@ -1,4 +1,4 @@
-//! The binary's `--help` and `--version` (DESIGN §9).
+//! The binary's `--help` and `--version`.
 
 use std::process::{Command, Output};
 

@@ -1,22 +1,21 @@
-//! Every event arrives once, byte for byte, with the properties of DESIGN §5, in room order.
+//! Every event arrives once, byte for byte, with the message properties of
+//! `docs/design.md#publishing`, in room order.
 
-use outbox_tests::{
-    room_events, seed, test_config, Backend, InProcessRelay, Received, TestBroker, TestDatabase,
-};
+use outbox_tests::{per_backend, room_events, seed, Backend, Received, TestApp};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-async fn delivers_every_event_once_in_room_order(backend: Backend, events: usize, rooms: usize) {
-    let database = TestDatabase::new(backend).await;
-    let broker = TestBroker::new("#").await;
-    let config = test_config(&database, &broker, |settings| settings.relay.publishers = 4);
-    let seeded = room_events("ev", events, rooms);
-    seed(&database, &seeded).await;
-
-    let relay = InProcessRelay::start(&config).await;
-    broker.wait_for(events, Duration::from_secs(180)).await;
-    relay.stop().await;
-    let received = broker.received();
+async fn delivers_10k_events_once_in_room_order(backend: Backend) {
+    let events = 10_000;
+    let seeded = room_events("ev", events, 100);
+    let mut app = TestApp::on(backend)
+        .settings(|settings| settings.relay.publishers = 4)
+        .seeded(&seeded)
+        .spawn()
+        .await;
+    app.broker.wait_for(events, Duration::from_secs(180)).await;
+    app.stop().await;
+    let received = app.broker.received();
 
     // Exactly once.
     assert_eq!(received.len(), events, "no duplicates");
@@ -27,8 +26,8 @@ async fn delivers_every_event_once_in_room_order(backend: Backend, events: usize
     assert_eq!(by_id.len(), events, "every event id once");
 
     // Byte for byte, with the contract's properties and headers.
-    let rows = database.rows().await;
-    let node_id = &config.relay.node_id;
+    let rows = app.database.rows().await;
+    let node_id = &app.config.relay.node_id;
     for (event, row) in seeded.iter().zip(&rows) {
         assert_eq!(row.event_id, event.event_id);
         let message = by_id[event.event_id.as_str()];
@@ -83,45 +82,28 @@ async fn delivers_every_event_once_in_room_order(backend: Backend, events: usize
             assert!(previous < id, "room {room}: {id} arrived after {previous}");
         }
     }
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }
 
-#[actix_rt::test]
-async fn postgres_delivers_10k_events_once_in_room_order() {
-    delivers_every_event_once_in_room_order(Backend::Postgres, 10_000, 100).await;
-}
-
-#[actix_rt::test]
-async fn sqlite_delivers_10k_events_once_in_room_order() {
-    delivers_every_event_once_in_room_order(Backend::Sqlite, 10_000, 100).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_delivers_10k_events_once_in_room_order() {
-    delivers_every_event_once_in_room_order(Backend::MySql, 10_000, 100).await;
-}
+per_backend!(delivers_10k_events_once_in_room_order: postgres, sqlite, mariadb);
 
 #[actix_rt::test]
 async fn postgres_wake_ups_deliver_without_waiting_for_the_poll() {
-    let database = TestDatabase::new(Backend::Postgres).await;
-    let broker = TestBroker::new("#").await;
-    let config = test_config(&database, &broker, |settings| {
-        settings.relay.poll_interval = "60s".into();
-    });
-    seed(&database, &room_events("before", 1, 1)).await;
-    let relay = InProcessRelay::start(&config).await;
+    let mut app = TestApp::on(Backend::Postgres)
+        .settings(|settings| settings.relay.poll_interval = "60s".into())
+        .seeded(&room_events("before", 1, 1))
+        .spawn()
+        .await;
     // The first tick delivers this one; after it, only a wake-up can trigger a claim.
-    broker.wait_for(1, Duration::from_secs(10)).await;
+    app.broker.wait_for(1, Duration::from_secs(10)).await;
     let inserted = std::time::Instant::now();
-    seed(&database, &room_events("after", 1, 1)).await;
-    broker.wait_for(2, Duration::from_secs(10)).await;
+    seed(&app.database, &room_events("after", 1, 1)).await;
+    app.broker.wait_for(2, Duration::from_secs(10)).await;
     let waited = inserted.elapsed();
-    relay.stop().await;
+    app.stop().await;
     assert!(
         waited < Duration::from_secs(5),
         "delivered after {waited:?}, not at the 60 s poll"
     );
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }

@@ -3,8 +3,7 @@
 
 use outbox_core::OutboxStore;
 use outbox_tests::{
-    eventually, room_events, seed, test_settings, Backend, FaultProxy, RelayProcess, TestBroker,
-    TestDatabase,
+    eventually, room_events, seed, Backend, FaultProxy, RelayProcess, TestApp, TestDatabase,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -124,16 +123,18 @@ fn listening_ports(pid: u32) -> Vec<u16> {
 #[actix_rt::test]
 async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirms() {
     const EVENTS: usize = 1_000;
-    let database = TestDatabase::new(Backend::Postgres).await;
-    let broker = TestBroker::new("#").await;
-    let settings = test_settings(&database, &broker, |settings| {
-        // Port 0: the system picks a free one, which the relay logs.
-        settings.metrics.listen = "127.0.0.1:0".into();
-        settings.log.format = "json".into();
-    });
-    let node = settings.relay.node_id.clone();
-    seed(&database, &room_events("metrics", EVENTS, 50)).await;
-    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            // Port 0: the system picks a free one, which the relay logs.
+            settings.metrics.listen = "127.0.0.1:0".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(&room_events("metrics", EVENTS, 50))
+        .build()
+        .await;
+    let database = &app.database;
+    let node = app.settings.relay.node_id.clone();
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
     let address = endpoint_address(&relay).await;
     assert_eq!(
         listening_ports(relay.pid()),
@@ -207,10 +208,9 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
     )
     .await;
 
-    // Serving metrics does not slow the shutdown down (DESIGN §7: publish_timeout + 2 s).
+    // Serving metrics does not slow the shutdown down (publish_timeout + 2 s).
     relay.stop(Duration::from_secs(5)).await;
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }
 
 /// Which link a readiness test cuts.
@@ -223,24 +223,28 @@ enum Link {
 /// Runs the binary with `link` through a fault proxy, cuts the link and restores it:
 /// `/readyz` must follow, naming that side only, while `/healthz` stays 200.
 async fn readyz_follows(link: Link) {
-    let database = TestDatabase::new(Backend::Postgres).await;
-    let broker = TestBroker::new("#").await;
     let (target, problem) = match link {
         Link::Broker => (5672, "not ready: broker unreachable\n"),
         Link::Database => (5432, "not ready: database unreachable\n"),
     };
     let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], target))).await;
-    let settings = test_settings(&database, &broker, |settings| {
-        match link {
-            Link::Broker => settings.amqp.url = format!("amqp://guest:guest@{}/%2f", proxy.addr),
-            Link::Database => {
-                settings.database.url = format!("postgres://postgres@{}/test", proxy.addr)
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            match link {
+                Link::Broker => {
+                    settings.amqp.url = format!("amqp://guest:guest@{}/%2f", proxy.addr)
+                }
+                Link::Database => {
+                    settings.database.url = format!("postgres://postgres@{}/test", proxy.addr)
+                }
             }
-        }
-        settings.metrics.listen = "127.0.0.1:0".into();
-        settings.log.format = "json".into();
-    });
-    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+            settings.metrics.listen = "127.0.0.1:0".into();
+            settings.log.format = "json".into();
+        })
+        .build()
+        .await;
+    let database = &app.database;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
     let address = endpoint_address(&relay).await;
     eventually("ready after start", Duration::from_secs(30), || async {
         get(address, "/readyz").await == (200, "ready\n".into())
@@ -279,12 +283,11 @@ async fn readyz_follows(link: Link) {
     )
     .await;
     // Ready means usable: events inserted now are delivered.
-    seed(&database, &room_events("ready", 20, 4)).await;
+    seed(database, &room_events("ready", 20, 4)).await;
     database.wait_all_published(Duration::from_secs(60)).await;
 
     relay.stop(Duration::from_secs(5)).await;
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }
 
 #[actix_rt::test]
@@ -299,14 +302,16 @@ async fn readyz_turns_unready_when_the_database_link_is_cut_and_ready_again_afte
 
 #[actix_rt::test]
 async fn an_empty_metrics_listen_serves_nothing() {
-    let database = TestDatabase::new(Backend::Postgres).await;
-    let broker = TestBroker::new("#").await;
-    let settings = test_settings(&database, &broker, |settings| {
-        settings.metrics.listen = "".into();
-        settings.log.format = "json".into();
-    });
-    let relay = RelayProcess::spawn(crate::RELAY, &settings);
-    seed(&database, &room_events("nolisten", 10, 2)).await;
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.metrics.listen = "".into();
+            settings.log.format = "json".into();
+        })
+        .build()
+        .await;
+    let database = &app.database;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    seed(database, &room_events("nolisten", 10, 2)).await;
     // Relaying proves the process is fully up, past the point where it would listen.
     database.wait_all_published(Duration::from_secs(60)).await;
     assert_eq!(
@@ -320,8 +325,7 @@ async fn an_empty_metrics_listen_serves_nothing() {
         relay.log_text()
     );
     relay.stop(Duration::from_secs(5)).await;
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }
 
 #[actix_rt::test]

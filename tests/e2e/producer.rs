@@ -2,7 +2,7 @@
 //! of the README for producers in other languages, and the trace context they carry.
 
 use outbox_store::{enqueue, NewEvent};
-use outbox_tests::{test_config, Backend, InProcessRelay, TestBroker, TestDatabase};
+use outbox_tests::{per_backend, Backend, TestApp, TestDatabase};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, Statement, TransactionTrait};
 use std::time::Duration;
 
@@ -62,29 +62,29 @@ async fn rename(
 }
 
 async fn enqueue_commits_and_rolls_back_with_the_callers_transaction(backend: Backend) {
-    let database = TestDatabase::new(backend).await;
-    let broker = TestBroker::new("room.#").await;
-    let rooms = create_rooms(&database).await;
+    let mut app = TestApp::on(backend).binding("room.#").build().await;
+    let database = &app.database;
+    let rooms = create_rooms(database).await;
 
     let txn = database.db().begin().await.unwrap();
-    let abandoned = rename(&txn, &database, &rooms, "Abandoned").await.unwrap();
+    let abandoned = rename(&txn, database, &rooms, "Abandoned").await.unwrap();
     txn.rollback().await.unwrap();
     assert!(
         database.rows().await.is_empty(),
         "a rolled-back transaction leaves no event"
     );
-    assert_eq!(room_name(&database, &rooms).await, "Planning");
+    assert_eq!(room_name(database, &rooms).await, "Planning");
 
     let txn = database.db().begin().await.unwrap();
-    let event_id = rename(&txn, &database, &rooms, "Release").await.unwrap();
+    let event_id = rename(&txn, database, &rooms, "Release").await.unwrap();
     txn.commit().await.unwrap();
     assert_ne!(event_id, abandoned, "every event gets its own id");
-    assert_eq!(room_name(&database, &rooms).await, "Release");
+    assert_eq!(room_name(database, &rooms).await, "Release");
 
-    let relay = InProcessRelay::start(&test_config(&database, &broker, |_| {})).await;
-    let received = broker.wait_for(1, DEADLINE).await;
-    database.wait_all_published(DEADLINE).await;
-    relay.stop().await;
+    app.start().await;
+    let received = app.broker.wait_for(1, DEADLINE).await;
+    app.database.wait_all_published(DEADLINE).await;
+    app.stop().await;
     let message = &received[0];
     assert_eq!(
         message.message_id, event_id,
@@ -93,33 +93,19 @@ async fn enqueue_commits_and_rolls_back_with_the_callers_transaction(backend: Ba
     assert_eq!(message.kind, "room.renamed");
     assert_eq!(message.body, br#"{"room_id":"room-1","name":"Release"}"#);
     assert_eq!(message.header("traceparent").as_deref(), Some(TRACEPARENT));
-    let rows = database.rows().await;
+    let rows = app.database.rows().await;
     assert_eq!(rows.len(), 1, "only the committed event exists");
     assert_eq!(rows[0].event_id, event_id);
-    broker.close().await;
-    database.execute(&format!("DROP TABLE {rooms}")).await;
-    database.drop_table().await;
+    app.database.execute(&format!("DROP TABLE {rooms}")).await;
+    app.teardown().await;
 }
 
-#[actix_rt::test]
-async fn postgres_enqueue_commits_and_rolls_back_with_the_callers_transaction() {
-    enqueue_commits_and_rolls_back_with_the_callers_transaction(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn sqlite_enqueue_commits_and_rolls_back_with_the_callers_transaction() {
-    enqueue_commits_and_rolls_back_with_the_callers_transaction(Backend::Sqlite).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_enqueue_commits_and_rolls_back_with_the_callers_transaction() {
-    enqueue_commits_and_rolls_back_with_the_callers_transaction(Backend::MySql).await;
-}
+per_backend!(enqueue_commits_and_rolls_back_with_the_callers_transaction: postgres, sqlite, mariadb);
 
 /// The README's INSERT for producers in other languages; the same text on every backend.
-async fn plain_insert_delivers_its_trace_context_untouched(backend: Backend) {
-    let database = TestDatabase::new(backend).await;
-    let broker = TestBroker::new("room.#").await;
+async fn traceparent_in_a_rows_headers_arrives_in_the_amqp_headers(backend: Backend) {
+    let mut app = TestApp::on(backend).binding("room.#").build().await;
+    let database = &app.database;
     let headers = serde_json::json!({
         "traceparent": TRACEPARENT,
         "tracestate": TRACESTATE,
@@ -150,11 +136,11 @@ async fn plain_insert_delivers_its_trace_context_untouched(backend: Backend) {
         .await
         .expect("the plain INSERT works");
     let untraced = NewEvent::new("room.topic.changed", "room-43", "{}");
-    outbox_tests::seed(&database, std::slice::from_ref(&untraced)).await;
+    outbox_tests::seed(database, std::slice::from_ref(&untraced)).await;
 
-    let relay = InProcessRelay::start(&test_config(&database, &broker, |_| {})).await;
-    let received = broker.wait_for(2, DEADLINE).await;
-    relay.stop().await;
+    app.start().await;
+    let received = app.broker.wait_for(2, DEADLINE).await;
+    app.stop().await;
     let traced = received
         .iter()
         .find(|message| message.message_id == "ev-traced")
@@ -169,21 +155,7 @@ async fn plain_insert_delivers_its_trace_context_untouched(backend: Backend) {
         .expect("the untraced event arrived");
     assert_eq!(plain.header("traceparent"), None);
     assert_eq!(plain.header("tracestate"), None);
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }
 
-#[actix_rt::test]
-async fn postgres_traceparent_in_a_rows_headers_arrives_in_the_amqp_headers() {
-    plain_insert_delivers_its_trace_context_untouched(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn sqlite_traceparent_in_a_rows_headers_arrives_in_the_amqp_headers() {
-    plain_insert_delivers_its_trace_context_untouched(Backend::Sqlite).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_traceparent_in_a_rows_headers_arrives_in_the_amqp_headers() {
-    plain_insert_delivers_its_trace_context_untouched(Backend::MySql).await;
-}
+per_backend!(traceparent_in_a_rows_headers_arrives_in_the_amqp_headers: postgres, sqlite, mariadb);

@@ -4,26 +4,13 @@
 use chrono::Utc;
 use outbox_cli::settings::Settings;
 use outbox_core::{OutboxStore, PurgeTarget};
-use outbox_store::NewEvent;
 use outbox_tests::{
-    eventually, room_events, seed, test_config, Backend, InProcessRelay, TestBroker, TestDatabase,
+    eventually, own_room_events as events, per_backend, seed, Backend, TestApp, TestDatabase,
 };
 use std::collections::HashSet;
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-/// `count` events of their own rooms (`<prefix>-room-…`), so that rows made to wait do
-/// not hold back other groups' rooms.
-fn events(prefix: &str, count: usize, rooms: usize) -> Vec<NewEvent> {
-    room_events(prefix, count, rooms)
-        .into_iter()
-        .map(|mut event| {
-            event.room_id = format!("{prefix}-{}", event.room_id);
-            event
-        })
-        .collect()
-}
 
 /// Runs `UPDATE … SET {sets}` on the rows of `prefix`.
 async fn set(database: &TestDatabase, prefix: &str, sets: &str) {
@@ -73,21 +60,22 @@ async fn seed_finished_rows(database: &TestDatabase, old_published: usize) {
 }
 
 async fn retention_deletes_only_old_published_rows_while_relaying(backend: Backend) {
-    let database = TestDatabase::new(backend).await;
-    let broker = TestBroker::new("#").await;
+    let mut app = TestApp::on(backend)
+        .settings(|settings| settings.relay.retention = "1h".into())
+        .build()
+        .await;
     // 2,500 expired rows: three DELETEs of at most 1,000 rows in the sweep at start.
-    seed_finished_rows(&database, 2_500).await;
+    seed_finished_rows(&app.database, 2_500).await;
     let live = events("live", 300, 30);
-    seed(&database, &live).await;
-    let config = test_config(&database, &broker, |settings| {
-        settings.relay.retention = "1h".into();
-    });
+    seed(&app.database, &live).await;
 
-    let relay = InProcessRelay::start(&config).await;
+    app.start().await;
+    let database = &app.database;
+    let broker = &app.broker;
     let later = events("later", 100, 10);
-    seed(&database, &later).await;
+    seed(database, &later).await;
     eventually("the expired rows to go", DEADLINE, || async {
-        left(&database, "old").await.is_empty()
+        left(database, "old").await.is_empty()
     })
     .await;
     broker.wait_for(live.len() + later.len(), DEADLINE).await;
@@ -100,9 +88,11 @@ async fn retention_deletes_only_old_published_rows_while_relaying(backend: Backe
         marked.count() == live.len() + later.len()
     })
     .await;
-    relay.stop().await;
+    app.stop().await;
+    let database = &app.database;
 
-    let received: HashSet<String> = broker
+    let received: HashSet<String> = app
+        .broker
         .received()
         .into_iter()
         .map(|message| message.message_id)
@@ -122,37 +112,23 @@ async fn retention_deletes_only_old_published_rows_while_relaying(backend: Backe
             .collect::<Vec<_>>()
     };
     assert_eq!(
-        statuses(left(&database, "recent").await),
+        statuses(left(database, "recent").await),
         vec!["published"; 10],
         "published within the retention: kept"
     );
-    assert_eq!(statuses(left(&database, "dead").await), vec!["dead"; 5]);
-    assert_eq!(statuses(left(&database, "held").await), vec!["pending"; 5]);
+    assert_eq!(statuses(left(database, "dead").await), vec!["dead"; 5]);
+    assert_eq!(statuses(left(database, "held").await), vec!["pending"; 5]);
     assert_eq!(
-        left(&database, "live").await.len() + left(&database, "later").await.len(),
+        left(database, "live").await.len() + left(database, "later").await.len(),
         400,
         "just published: kept"
     );
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }
 
-#[actix_rt::test]
-async fn postgres_retention_deletes_only_old_published_rows_while_relaying() {
-    retention_deletes_only_old_published_rows_while_relaying(Backend::Postgres).await;
-}
+per_backend!(retention_deletes_only_old_published_rows_while_relaying: postgres, sqlite, mariadb);
 
-#[actix_rt::test]
-async fn sqlite_retention_deletes_only_old_published_rows_while_relaying() {
-    retention_deletes_only_old_published_rows_while_relaying(Backend::Sqlite).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_retention_deletes_only_old_published_rows_while_relaying() {
-    retention_deletes_only_old_published_rows_while_relaying(Backend::MySql).await;
-}
-
-async fn a_purge_deletes_at_most_its_limit(backend: Backend) {
+async fn purge_deletes_at_most_its_limit_and_only_its_status(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     seed_finished_rows(&database, 2_500).await;
     let bound = Utc::now() - chrono::Duration::hours(1);
@@ -191,20 +167,7 @@ async fn a_purge_deletes_at_most_its_limit(backend: Backend) {
     database.drop_table().await;
 }
 
-#[actix_rt::test]
-async fn postgres_purge_deletes_at_most_its_limit_and_only_its_status() {
-    a_purge_deletes_at_most_its_limit(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn sqlite_purge_deletes_at_most_its_limit_and_only_its_status() {
-    a_purge_deletes_at_most_its_limit(Backend::Sqlite).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_purge_deletes_at_most_its_limit_and_only_its_status() {
-    a_purge_deletes_at_most_its_limit(Backend::MySql).await;
-}
+per_backend!(purge_deletes_at_most_its_limit_and_only_its_status: postgres, sqlite, mariadb);
 
 /// Settings for the binary on `database`; `purge` needs no broker.
 fn binary_settings(database: &TestDatabase) -> Settings {
@@ -268,12 +231,4 @@ async fn purge_command_keeps_pending_and_dead_rows_unless_asked(backend: Backend
     database.drop_table().await;
 }
 
-#[actix_rt::test]
-async fn postgres_purge_command_keeps_pending_and_dead_rows_unless_asked() {
-    purge_command_keeps_pending_and_dead_rows_unless_asked(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn sqlite_purge_command_keeps_pending_and_dead_rows_unless_asked() {
-    purge_command_keeps_pending_and_dead_rows_unless_asked(Backend::Sqlite).await;
-}
+per_backend!(purge_command_keeps_pending_and_dead_rows_unless_asked: postgres, sqlite);

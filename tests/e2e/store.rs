@@ -1,21 +1,12 @@
 //! The store's own guarantees on real databases.
 
 use chrono::Utc;
-use outbox_core::{trim_error, ClaimRequest, Failure, MarkBatch, Ordering, OutboxStore};
+use outbox_core::{
+    trim_error, ClaimRequest, Failure, MarkBatch, Ordering, OutboxRecord, OutboxStore,
+};
 use outbox_store::{NewEvent, TableName};
-use outbox_tests::{Backend, TestDatabase};
+use outbox_tests::{event, per_backend, Backend, TestDatabase};
 use std::time::Duration;
-
-fn event(id: &str, room: &str) -> NewEvent {
-    NewEvent {
-        event_id: id.into(),
-        event_type: "room.test".into(),
-        room_id: room.into(),
-        envelope: "{}".into(),
-        headers: None,
-        available_at: None,
-    }
-}
 
 fn claim(node: &str, limit: usize, ordering: Ordering) -> ClaimRequest {
     ClaimRequest {
@@ -26,7 +17,12 @@ fn claim(node: &str, limit: usize, ordering: Ordering) -> ClaimRequest {
     }
 }
 
-async fn long_multibyte_error_is_stored_within_512_bytes(backend: Backend) {
+/// The event ids of `claimed`, in claim order.
+fn event_ids(claimed: &[OutboxRecord]) -> Vec<&str> {
+    claimed.iter().map(|r| r.event_id.as_str()).collect()
+}
+
+async fn keeps_last_error_within_512_bytes_on_a_char_boundary(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     outbox_tests::seed(&database, &[event("e1", "r")]).await;
     let claimed = database
@@ -61,20 +57,7 @@ async fn long_multibyte_error_is_stored_within_512_bytes(backend: Backend) {
     database.drop_table().await;
 }
 
-#[actix_rt::test]
-async fn postgres_keeps_last_error_within_512_bytes_on_a_char_boundary() {
-    long_multibyte_error_is_stored_within_512_bytes(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_keeps_last_error_within_512_bytes_on_a_char_boundary() {
-    long_multibyte_error_is_stored_within_512_bytes(Backend::MySql).await;
-}
-
-#[actix_rt::test]
-async fn sqlite_keeps_last_error_within_512_bytes_on_a_char_boundary() {
-    long_multibyte_error_is_stored_within_512_bytes(Backend::Sqlite).await;
-}
+per_backend!(keeps_last_error_within_512_bytes_on_a_char_boundary: postgres, mariadb, sqlite);
 
 async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
     let database = TestDatabase::new(backend).await;
@@ -89,9 +72,8 @@ async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
         .claim(&claim("n1", 3, Ordering::PerRoom))
         .await
         .unwrap();
-    let ids: Vec<&str> = first.iter().map(|r| r.event_id.as_str()).collect();
     assert_eq!(
-        ids,
+        event_ids(&first),
         ["a1", "b1", "a2"],
         "oldest first, a prefix of each room"
     );
@@ -122,13 +104,15 @@ async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
         .claim(&claim("n2", 10, Ordering::PerRoom))
         .await
         .unwrap();
-    let ids: Vec<&str> = third.iter().map(|r| r.event_id.as_str()).collect();
-    assert_eq!(ids, ["b2"], "a2 and a3 wait behind a1's backoff");
+    assert_eq!(
+        event_ids(&third),
+        ["b2"],
+        "a2 and a3 wait behind a1's backoff"
+    );
 
     let none = store.claim(&claim("n3", 10, Ordering::None)).await.unwrap();
-    let ids: Vec<&str> = none.iter().map(|r| r.event_id.as_str()).collect();
     assert_eq!(
-        ids,
+        event_ids(&none),
         ["a2", "a3"],
         "without ordering only leases and backoff count"
     );
@@ -144,32 +128,11 @@ async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
     database.drop_table().await;
 }
 
-#[actix_rt::test]
-async fn postgres_per_room_claims_take_a_prefix_and_wait_for_outcomes() {
-    per_room_claims_take_a_prefix_and_wait_for_outcomes(Backend::Postgres).await;
-}
+per_backend!(per_room_claims_take_a_prefix_and_wait_for_outcomes: postgres, mariadb, sqlite);
 
-#[actix_rt::test]
-async fn mariadb_per_room_claims_take_a_prefix_and_wait_for_outcomes() {
-    per_room_claims_take_a_prefix_and_wait_for_outcomes(Backend::MySql).await;
-}
-
-#[actix_rt::test]
-async fn sqlite_per_room_claims_take_a_prefix_and_wait_for_outcomes() {
-    per_room_claims_take_a_prefix_and_wait_for_outcomes(Backend::Sqlite).await;
-}
-
-#[actix_rt::test]
-async fn a_node_that_lost_its_lease_cannot_overwrite_the_new_holder_but_published_wins() {
-    lost_lease_cannot_overwrite(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_a_node_that_lost_its_lease_cannot_overwrite_the_new_holder() {
-    lost_lease_cannot_overwrite(Backend::MySql).await;
-}
-
-async fn lost_lease_cannot_overwrite(backend: Backend) {
+async fn a_node_that_lost_its_lease_cannot_overwrite_the_new_holder_but_published_wins(
+    backend: Backend,
+) {
     let database = TestDatabase::new(backend).await;
     outbox_tests::seed(&database, &[event("x1", "x"), event("y1", "y")]).await;
     let store = &database.store;
@@ -212,6 +175,11 @@ async fn lost_lease_cannot_overwrite(backend: Backend) {
     database.drop_table().await;
 }
 
+per_backend!(
+    a_node_that_lost_its_lease_cannot_overwrite_the_new_holder_but_published_wins: postgres,
+    mariadb
+);
+
 #[actix_rt::test]
 async fn a_node_may_claim_deeper_into_rooms_it_holds() {
     let database = TestDatabase::new(Backend::Postgres).await;
@@ -225,13 +193,7 @@ async fn a_node_may_claim_deeper_into_rooms_it_holds() {
         .claim(&claim("n1", 2, Ordering::PerRoom))
         .await
         .unwrap();
-    assert_eq!(
-        first
-            .iter()
-            .map(|r| r.event_id.as_str())
-            .collect::<Vec<_>>(),
-        ["a1", "a2"]
-    );
+    assert_eq!(event_ids(&first), ["a1", "a2"]);
     let other = store
         .claim(&claim("n2", 10, Ordering::PerRoom))
         .await
@@ -241,13 +203,7 @@ async fn a_node_may_claim_deeper_into_rooms_it_holds() {
         .claim(&claim("n1", 10, Ordering::PerRoom))
         .await
         .unwrap();
-    assert_eq!(
-        deeper
-            .iter()
-            .map(|r| r.event_id.as_str())
-            .collect::<Vec<_>>(),
-        ["a3", "a4"]
-    );
+    assert_eq!(event_ids(&deeper), ["a3", "a4"]);
     database.drop_table().await;
 }
 
@@ -323,12 +279,4 @@ async fn runners_started_together_migrate_one_table(backend: Backend) {
     database.drop_table().await;
 }
 
-#[actix_rt::test]
-async fn postgres_runners_started_together_migrate_one_table() {
-    runners_started_together_migrate_one_table(Backend::Postgres).await;
-}
-
-#[actix_rt::test]
-async fn mariadb_runners_started_together_migrate_one_table() {
-    runners_started_together_migrate_one_table(Backend::MySql).await;
-}
+per_backend!(runners_started_together_migrate_one_table: postgres, mariadb);

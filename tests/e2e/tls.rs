@@ -1,10 +1,7 @@
 //! TLS: `amqps://` through a TLS-terminating proxy in front of the local RabbitMQ (which
 //! speaks plain AMQP only), and PostgreSQL's `sslmode`.
 
-use outbox_tests::{
-    room_events, seed, test_config, test_settings, Backend, InProcessRelay, RelayProcess,
-    TestBroker, TestCa, TestDatabase, TlsProxy,
-};
+use outbox_tests::{room_events, seed, Backend, RelayProcess, TestApp, TestCa, TlsProxy};
 use sea_orm::{ConnectionTrait, Statement};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -22,40 +19,46 @@ fn with_param(url: &str, key: &str, value: &str) -> String {
 
 #[actix_rt::test]
 async fn amqps_with_the_ca_file_delivers_every_event() {
-    let database = TestDatabase::new(Backend::Postgres).await;
-    let broker = TestBroker::new("#").await;
     let proxy = TlsProxy::start(local_rabbitmq()).await;
     let ca_file = proxy.ca.write_pem();
-    let settings = test_settings(&database, &broker, |settings| {
-        settings.amqp.url = proxy.amqps_url();
-        settings.amqp.tls_ca_file = ca_file.display().to_string();
-    });
     let seeded = room_events("tls", 50, 5);
-    seed(&database, &seeded).await;
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.amqp.url = proxy.amqps_url();
+            settings.amqp.tls_ca_file = ca_file.display().to_string();
+        })
+        .seeded(&seeded)
+        .build()
+        .await;
 
-    let relay = RelayProcess::spawn(crate::RELAY, &settings);
-    database.wait_all_published(Duration::from_secs(30)).await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    app.database
+        .wait_all_published(Duration::from_secs(30))
+        .await;
     relay.stop(Duration::from_secs(10)).await;
 
-    let received = broker.wait_for(seeded.len(), Duration::from_secs(10)).await;
+    let received = app
+        .broker
+        .wait_for(seeded.len(), Duration::from_secs(10))
+        .await;
     outbox_tests::assert_every_event_delivered(&received, &seeded);
     let _ = std::fs::remove_file(ca_file);
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }
 
 #[actix_rt::test]
 async fn amqps_with_a_wrong_ca_fails_fast_with_a_certificate_error() {
-    let database = TestDatabase::new(Backend::Postgres).await;
-    let broker = TestBroker::new("#").await;
     let proxy = TlsProxy::start(local_rabbitmq()).await;
     let other_ca = TestCa::new("some other CA").write_pem();
-    let settings = test_settings(&database, &broker, |settings| {
-        settings.amqp.url = proxy.amqps_url();
-        settings.amqp.tls_ca_file = other_ca.display().to_string();
-    });
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.amqp.url = proxy.amqps_url();
+            settings.amqp.tls_ca_file = other_ca.display().to_string();
+        })
+        .build()
+        .await;
 
-    let mut relay = RelayProcess::spawn(crate::RELAY, &settings);
+    let mut relay = RelayProcess::spawn(crate::RELAY, &app.settings);
     // publish_timeout (3s) bounds the connection attempt.
     let status = relay.wait(Duration::from_secs(15)).await;
     let log = relay.log_text();
@@ -71,8 +74,7 @@ async fn amqps_with_a_wrong_ca_fails_fast_with_a_certificate_error() {
     );
     let _ = std::fs::remove_file(other_ca);
     let _ = std::fs::remove_file(&relay.log);
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }
 
 #[test]
@@ -109,7 +111,8 @@ async fn connection_uses_tls(config: &outbox_cli::settings::Config) -> bool {
 
 #[actix_rt::test]
 async fn postgres_is_plain_by_default_and_tls_with_sslmode_require() {
-    let database = TestDatabase::new(Backend::Postgres).await;
+    let mut app = TestApp::on(Backend::Postgres).build().await;
+    let database = &app.database;
     let ssl: String = {
         let row = database
             .db()
@@ -126,25 +129,27 @@ async fn postgres_is_plain_by_default_and_tls_with_sslmode_require() {
         ssl, "on",
         "this test needs PostgreSQL with ssl = on (as on the test machine)"
     );
-    let broker = TestBroker::new("#").await;
-
-    let plain = test_config(&database, &broker, |_| {});
     assert!(
-        !connection_uses_tls(&plain).await,
+        !connection_uses_tls(&app.config).await,
         "a URL without sslmode connects in plain text"
     );
 
-    let tls = test_config(&database, &broker, |settings| {
-        settings.database.url = with_param(&database.url, "sslmode", "require");
+    let tls = app.config_with(|settings| {
+        settings.database.url = with_param(&settings.database.url, "sslmode", "require");
     });
     assert!(connection_uses_tls(&tls).await, "sslmode=require is TLS");
     let seeded = room_events("pgtls", 20, 4);
-    seed(&database, &seeded).await;
-    let relay = InProcessRelay::start(&tls).await;
-    database.wait_all_published(Duration::from_secs(30)).await;
-    relay.stop().await;
-    let received = broker.wait_for(seeded.len(), Duration::from_secs(10)).await;
+    seed(database, &seeded).await;
+    app.config = tls;
+    app.start().await;
+    app.database
+        .wait_all_published(Duration::from_secs(30))
+        .await;
+    app.stop().await;
+    let received = app
+        .broker
+        .wait_for(seeded.len(), Duration::from_secs(10))
+        .await;
     outbox_tests::assert_every_event_delivered(&received, &seeded);
-    broker.close().await;
-    database.drop_table().await;
+    app.teardown().await;
 }

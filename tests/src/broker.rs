@@ -1,14 +1,12 @@
-//! A fresh exchange and a queue bound to it per test, with a consumer that records
-//! everything it receives.
+//! A fresh exchange per test, read through a temporary queue (an [`outbox_amqp::Tap`])
+//! by a consumer that records everything it receives.
 
 use crate::unique_name;
 use futures_lite::StreamExt;
-use lapin::options::{
-    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::types::AMQPValue;
+use lapin::{Connection, ConnectionProperties};
+use outbox_amqp::tap::{declare_topic_exchange, delete_exchange};
+use outbox_amqp::{Tap, TapQueue};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -57,16 +55,45 @@ impl Received {
     }
 }
 
-/// RabbitMQ with an exchange (topic, durable) and one queue of this test.
+impl From<&lapin::message::Delivery> for Received {
+    fn from(delivery: &lapin::message::Delivery) -> Self {
+        let props = &delivery.properties;
+        let text = |value: &Option<lapin::types::ShortString>| {
+            value.as_ref().map(ToString::to_string).unwrap_or_default()
+        };
+        Self {
+            message_id: text(props.message_id()),
+            kind: text(props.kind()),
+            content_type: text(props.content_type()),
+            delivery_mode: props.delivery_mode().unwrap_or(0),
+            timestamp: props.timestamp().unwrap_or(0),
+            app_id: text(props.app_id()),
+            headers: props
+                .headers()
+                .as_ref()
+                .map(|table| {
+                    table
+                        .inner()
+                        .iter()
+                        .map(|(key, value)| (key.to_string(), value.clone()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            body: delivery.data.clone(),
+            routing_key: delivery.routing_key.to_string(),
+        }
+    }
+}
+
+/// RabbitMQ with an exchange (topic, durable) of this test and a temporary queue bound to
+/// it, consumed from the start.
 pub struct TestBroker {
     /// Connection URL.
     pub url: String,
     /// The test's exchange.
     pub exchange: String,
-    /// The test's queue, bound to the exchange.
-    pub queue: String,
     connection: Connection,
-    channel: Channel,
+    tap: Tap,
     received: Arc<Mutex<Vec<Received>>>,
 }
 
@@ -86,102 +113,35 @@ impl TestBroker {
             });
         let channel = connection.create_channel().await.expect("channel");
         let exchange = unique_name("e2e.exchange");
-        let queue = unique_name("e2e.queue");
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..ExchangeDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
+        declare_topic_exchange(&channel, &exchange)
             .await
             .expect("exchange declared");
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
+        let tap = Tap::open(channel, TapQueue::Temporary, &exchange, binding)
             .await
-            .expect("queue declared");
-        let broker = Self {
+            .expect("queue declared and bound");
+        let mut consumer = tap.consume("e2e").await.expect("consuming");
+        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let recording = Arc::clone(&received);
+        actix_rt::spawn(async move {
+            while let Some(Ok(delivery)) = consumer.next().await {
+                recording.lock().unwrap().push(Received::from(&delivery));
+            }
+        });
+        Self {
             url,
             exchange,
-            queue,
             connection,
-            channel,
-            received: Arc::default(),
-        };
-        broker.bind(binding).await;
-        broker.consume().await;
-        broker
+            tap,
+            received,
+        }
     }
 
     /// Binds the test's queue with one more key.
     pub async fn bind(&self, binding: &str) {
-        self.channel
-            .queue_bind(
-                self.queue.as_str().into(),
-                self.exchange.as_str().into(),
-                binding.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
+        self.tap
+            .bind(&self.exchange, binding)
             .await
             .expect("queue bound");
-    }
-
-    async fn consume(&self) {
-        let mut consumer = self
-            .channel
-            .basic_consume(
-                self.queue.as_str().into(),
-                "e2e".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("consuming");
-        let received = Arc::clone(&self.received);
-        actix_rt::spawn(async move {
-            while let Some(Ok(delivery)) = consumer.next().await {
-                let props = &delivery.properties;
-                let text = |value: &Option<lapin::types::ShortString>| {
-                    value.as_ref().map(ToString::to_string).unwrap_or_default()
-                };
-                received.lock().unwrap().push(Received {
-                    message_id: text(props.message_id()),
-                    kind: text(props.kind()),
-                    content_type: text(props.content_type()),
-                    delivery_mode: props.delivery_mode().unwrap_or(0),
-                    timestamp: props.timestamp().unwrap_or(0),
-                    app_id: text(props.app_id()),
-                    headers: props
-                        .headers()
-                        .as_ref()
-                        .map(|table| {
-                            table
-                                .inner()
-                                .iter()
-                                .map(|(key, value)| (key.to_string(), value.clone()))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    body: delivery.data.clone(),
-                    routing_key: delivery.routing_key.to_string(),
-                });
-            }
-        });
     }
 
     /// Everything received so far, in arrival order.
@@ -198,16 +158,10 @@ impl TestBroker {
         self.received()
     }
 
-    /// Deletes the exchange and closes the connection.
+    /// Deletes the exchange (the queue goes with the connection) and closes the connection.
     pub async fn close(self) {
-        let _ = self
-            .channel
-            .exchange_delete(
-                self.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
-        let _ = self.channel.close(200, "done".into()).await;
+        let _ = delete_exchange(self.tap.channel(), &self.exchange).await;
+        self.tap.close().await;
         let _ = self.connection.close(200, "done".into()).await;
     }
 }

@@ -9,10 +9,12 @@
 pub mod broker;
 pub mod message;
 pub mod publisher;
+pub mod tap;
 
 pub use broker::{AmqpError, AmqpSettings, Broker};
 pub use message::MessageSettings;
 pub use publisher::AmqpPublisher;
+pub use tap::{Tap, TapQueue};
 
 /// `app_id` of every message.
 pub const APP_ID: &str = "outbox-relay";

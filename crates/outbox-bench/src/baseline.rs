@@ -2,12 +2,11 @@
 //! queue, confirms pipelined with a bounded window.
 
 use anyhow::Context as _;
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
+use outbox_amqp::tap::{declare_topic_exchange, delete_exchange};
+use outbox_amqp::{Tap, TapQueue};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -57,34 +56,10 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let name = format!("bench.baseline.{}", std::process::id());
-    let durable = ExchangeDeclareOptions {
-        durable: true,
-        ..ExchangeDeclareOptions::default()
-    };
-    channel
-        .exchange_declare(
-            name.as_str().into(),
-            ExchangeKind::Topic,
-            durable,
-            FieldTable::default(),
-        )
-        .await?;
-    let queue_options = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(name.as_str().into(), queue_options, FieldTable::default())
-        .await?;
-    channel
-        .queue_bind(
-            name.as_str().into(),
-            name.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    declare_topic_exchange(&channel, &name).await?;
+    // Nobody consumes it: the run measures the publishing side alone.
+    let tap = Tap::open(channel, TapQueue::Durable(name.clone()), &name, "#").await?;
+    let channel = tap.channel();
     let body = vec![b'x'; 512];
     let mut best = Baseline {
         events,
@@ -131,19 +106,15 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
             .queue_purge(name.as_str().into(), Default::default())
             .await?;
     }
-    channel
-        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-        .await?;
-    channel
-        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
-        .await?;
-    let _ = channel.close(200, "done".into()).await;
+    tap.delete().await?;
+    delete_exchange(channel, &name).await?;
+    tap.close().await;
     let _ = connection.close(200, "done".into()).await;
     Ok(best)
 }
 
-/// The properties and headers a relayed event carries (DESIGN §5), so that the broker does
-/// the same work per message for the baseline as for the relay.
+/// The properties and headers a relayed event carries (`docs/design.md#publishing`), so
+/// that the broker does the same work per message for the baseline as for the relay.
 fn message_properties(n: i64) -> BasicProperties {
     let mut headers = FieldTable::default();
     let text = |value: String| AMQPValue::LongString(value.into());

@@ -1,22 +1,16 @@
-//! The benchmark's consumer, run as a child process (`outbox-bench consume`) so that the
-//! CPU time and peak memory measured in the parent are the relay's alone.
-//!
-//! The child binds a durable queue to the relay's exchange and prints `ready` (with
-//! `--hold` it then waits for a line on stdin before it consumes); once every
-//! event has arrived it prints `done <delivered> <duplicates> <out_of_order>` and, when
-//! asked for times, one `t <n> <unix nanos>` line per event. Event `n` is the suffix of
-//! the message id (`<run>-<n:08>`) and its room is `n % rooms` (see `scenario::event`),
-//! so the child checks per-room order on first deliveries with two flat arrays.
+//! The benchmark's consumer, a child process (`outbox-bench consume`) so that the CPU time
+//! and peak memory measured in the parent are the relay's alone. It prints `ready` once its
+//! queue is bound, then `done <delivered> <duplicates> <out_of_order>` and, when asked,
+//! `t <n> <unix nanos>` per event; event `n` (the message id's suffix) is in room
+//! `n % rooms` (`scenario::event`), so room order is checked with two flat arrays.
 
 use crate::baseline::amqp_url;
 use anyhow::{bail, Context as _};
 use clap::Args;
 use futures_lite::StreamExt;
-use lapin::options::{
-    BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Connection, ConnectionProperties};
+use outbox_amqp::tap::declare_topic_exchange;
+use outbox_amqp::{Tap, TapQueue};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -71,51 +65,15 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     let queue = args.queue.as_str();
     // The relay declares the same durable topic exchange; declaring it here too lets the
     // queue be bound before the relay starts, so no event can be missed.
-    let durable_exchange = ExchangeDeclareOptions {
-        durable: true,
-        ..ExchangeDeclareOptions::default()
-    };
-    channel
-        .exchange_declare(
-            queue.into(),
-            ExchangeKind::Topic,
-            durable_exchange,
-            FieldTable::default(),
-        )
-        .await?;
-    let durable_queue = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(queue.into(), durable_queue, FieldTable::default())
-        .await?;
-    channel
-        .queue_bind(
-            queue.into(),
-            queue.into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    declare_topic_exchange(&channel, queue).await?;
+    let tap = Tap::open(channel, TapQueue::Durable(queue.to_owned()), queue, "#").await?;
     if args.hold {
         println!("ready");
         std::io::stdout().flush()?;
         let mut go = String::new();
         std::io::stdin().read_line(&mut go)?;
     }
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "outbox-bench".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..BasicConsumeOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let mut consumer = tap.consume("outbox-bench").await?;
     if !args.hold {
         println!("ready");
         std::io::stdout().flush()?;
@@ -172,7 +130,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     }
     out.flush()?;
     drop(out);
-    let _ = channel.close(200, "done".into()).await;
+    tap.close().await;
     let _ = connection.close(200, "done".into()).await;
     Ok(())
 }

@@ -1,16 +1,7 @@
 //! `outbox-bench`: how fast the relay moves events, next to what the broker itself takes.
-//!
-//! Scenarios print a readable table and one JSON line:
-//! - `drain`: pre-fill N events, start the relay in-process, time until every event is
-//!   delivered to a consumer and marked; then (unless `--no-baseline`) the `baseline`
-//!   scenario in the same run, and the ratio of the two.
-//! - `baseline`: a bare lapin publisher with pipelined confirms (best of windows 256, 1024).
-//! - `matrix`: `drain` over publishers × batch sizes, the median of several runs per cell.
-//! - `latency`: a producer inserts one event per transaction at a steady rate; a consumer
-//!   records commit → delivery time.
-//!
-//! The consumer runs as a child process (`consume`, hidden), so the CPU time and peak RSS
-//! reported are the relay's own.
+//! Each scenario (the `Scenario` variants) prints a readable table and one JSON line; the
+//! consumer runs as a child process, so the CPU time and peak RSS reported are the relay's
+//! own. The figures and how to read them: BENCHMARKS.md.
 
 mod baseline;
 mod consumer;

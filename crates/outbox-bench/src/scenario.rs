@@ -6,7 +6,7 @@ use crate::consumer::{unix_nanos, Consume, ConsumerProcess};
 use crate::{baseline, process};
 use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
-use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+use outbox_amqp::tap::{delete_exchange, delete_queue};
 use outbox_cli::settings::{Config, Settings};
 use outbox_cli::startup::{open_broker, open_store, start_relay};
 use outbox_store::{insert_events, NewEvent, SeaOrmStore};
@@ -189,12 +189,8 @@ impl Bench {
     async fn teardown(self) -> anyhow::Result<()> {
         let broker = open_broker(&self.config).await?;
         let channel = broker.open_channel().await?;
-        let _ = channel
-            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-        let _ = channel
-            .exchange_delete(self.queue.as_str().into(), ExchangeDeleteOptions::default())
-            .await;
+        let _ = delete_queue(&channel, &self.queue).await;
+        let _ = delete_exchange(&channel, &self.queue).await;
         let _ = channel.close(200, "done".into()).await;
         broker.close().await;
         let t = self.store.table().as_str();

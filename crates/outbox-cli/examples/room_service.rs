@@ -1,19 +1,12 @@
-//! A tiny room service: it renames a room and enqueues `room.renamed` in one transaction,
-//! then runs the relay in-process and shows the event arriving at a consumer.
-//!
-//! ```sh
-//! cargo run -p outbox-cli --example room_service
-//! ```
-//!
-//! Needs RabbitMQ (`OUTBOX_RELAY__AMQP__URL`, default the local guest account). The
-//! database is a SQLite file in the temporary directory unless
-//! `OUTBOX_RELAY__DATABASE__URL` names another (`postgres://…`, `mysql://…`): the
-//! service's `rooms` table and the outbox live side by side in it.
+//! A tiny room service (`cargo run -p outbox-cli --example room_service`): it renames a
+//! room and enqueues `room.renamed` in one transaction, then runs the relay in-process and
+//! shows the event arriving. Needs RabbitMQ (`OUTBOX_RELAY__AMQP__URL`); the `rooms` table
+//! and the outbox share a temporary SQLite file unless `OUTBOX_RELAY__DATABASE__URL` names
+//! another database.
 
 use anyhow::{bail, Context as _};
 use futures_lite::StreamExt;
-use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use outbox_amqp::{Tap, TapQueue};
 use outbox_cli::settings::Settings;
 use outbox_cli::startup::{open_broker, open_store, start_relay};
 use outbox_store::{enqueue, NewEvent, TableName};
@@ -122,38 +115,14 @@ async fn main() -> anyhow::Result<()> {
 
     // A consumer, bound before anything is published (the relay publishes `mandatory`).
     let broker = open_broker(&config).await?;
-    let channel = broker.open_channel().await?;
-    let queue = channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    channel
-        .queue_bind(
-            queue.name().clone(),
-            config.amqp.router.exchange.as_str().into(),
-            "room.renamed".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let mut consumer = channel
-        .basic_consume(
-            queue.name().clone(),
-            "room-service-example".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..BasicConsumeOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let tap = Tap::open(
+        broker.open_channel().await?,
+        TapQueue::Temporary,
+        &config.amqp.router.exchange,
+        "room.renamed",
+    )
+    .await?;
+    let mut consumer = tap.consume("room-service-example").await?;
 
     let name = format!("Release planning {}", chrono::Utc::now().format("%H:%M:%S"));
     let event_id = rename_room(store.connection(), store.table(), "room-42", &name).await?;
@@ -185,7 +154,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     relay.shutdown().await?;
-    let _ = channel.close(200, "example done".into()).await;
+    tap.close().await;
     broker.close().await;
     Ok(())
 }

@@ -8,8 +8,7 @@ use crate::startup::{open_broker, open_store, start_relay};
 use anyhow::{bail, Context as _};
 use futures_lite::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
-use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use outbox_amqp::{Tap, TapQueue};
 use outbox_core::OutboxStore;
 use outbox_store::{insert_events, NewEvent};
 use std::cell::RefCell;
@@ -71,42 +70,15 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
     let store = open_store(&config, config.database.migrate_on_start).await?;
     let broker = open_broker(&config).await?;
 
-    let channel = broker.open_channel().await?;
-    let queue = channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+    let tap = Tap::declare(broker.open_channel().await?, TapQueue::Temporary)
         .await
         .context("cannot declare the demo's queue")?;
     for exchange in outbox_amqp::broker::exchanges(&config.amqp.router) {
-        channel
-            .queue_bind(
-                queue.name().clone(),
-                exchange.into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
+        tap.bind(exchange, "#")
             .await
             .with_context(|| format!("cannot bind the demo's queue to exchange {exchange:?}"))?;
     }
-    let mut consumer = channel
-        .basic_consume(
-            queue.name().clone(),
-            "outbox-relay-demo".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..BasicConsumeOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let mut consumer = tap.consume("outbox-relay-demo").await?;
 
     let run = format!("demo-{}", chrono::Utc::now().timestamp_millis());
     let inserted: Rc<RefCell<HashMap<String, Instant>>> = Rc::default();
@@ -194,7 +166,7 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
     };
 
     relay.shutdown().await?;
-    let _ = channel.close(200, "demo done".into()).await;
+    tap.close().await;
     broker.close().await;
 
     seeded.context("seeding failed")?;
