@@ -53,6 +53,15 @@ impl Dialect {
         }
     }
 
+    /// What a new pool runs once. SQLite: write-ahead logging, so readers (`status`,
+    /// producers) do not block the relay's writes, and vice versa.
+    pub(crate) fn database_setup(self) -> Option<&'static str> {
+        match self {
+            Dialect::Sqlite => Some("PRAGMA journal_mode = WAL"),
+            Dialect::Postgres | Dialect::MySql => None,
+        }
+    }
+
     /// The placeholder of the `n`th bound value (from 1): `$n`, or a positional `?`.
     fn placeholder(self, n: usize) -> String {
         match self {

@@ -33,9 +33,8 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnecti
         .test_before_acquire(false)
         .sqlx_logging(std::env::var_os("OUTBOX_SQLX_LOG").is_some());
     let db = Database::connect(options).await?;
-    if Dialect::of(&db) == Dialect::Sqlite {
-        // Readers (status, producers) do not block the relay's writes, and vice versa.
-        db.execute_unprepared("PRAGMA journal_mode = WAL").await?;
+    if let Some(setup) = Dialect::of(&db).database_setup() {
+        db.execute_unprepared(setup).await?;
     }
     Ok(db)
 }
