@@ -1,25 +1,26 @@
 //! The claim on MySQL/MariaDB, which has neither `UPDATE … RETURNING` nor `LIMIT` in an
 //! `IN` subquery of the updated table: select, then update, in one transaction.
 
-use super::{claimable, lease, limit, take_claim_lock, COLUMNS};
-use crate::dialect::{Dialect, Params};
+use super::{take_claim_lock, Claim, COLUMNS};
+use crate::dialect::Params;
 use crate::row::ClaimedRow;
 use crate::sql::{Index, PENDING};
-use crate::store::SeaOrmStore;
-use chrono::Utc;
-use outbox_core::{ClaimRequest, Ordering};
-use sea_orm::{ConnectionTrait, DbErr, FromQueryResult, IsolationLevel, TransactionTrait};
+use outbox_core::Ordering;
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbErr, FromQueryResult, IsolationLevel, TransactionTrait,
+};
 use std::collections::HashSet;
 
-const MYSQL: Dialect = Dialect::MySql;
-
 pub(super) async fn claim(
-    store: &SeaOrmStore,
-    request: &ClaimRequest,
+    db: &DatabaseConnection,
+    claim: &Claim<'_>,
 ) -> Result<Vec<ClaimedRow>, DbErr> {
-    let t = store.table();
-    let db = store.connection();
-    let now = Utc::now();
+    let Claim {
+        dialect,
+        table: t,
+        request,
+        ..
+    } = *claim;
     // Per-room claims: serialised by the claim lock, candidates read without row locks
     // (InnoDB's snapshot starts at the first plain read, after the lock, so it holds every
     // earlier claim). Locking reads were the slow part, and MariaDB's `SKIP LOCKED` also
@@ -35,13 +36,13 @@ pub(super) async fn claim(
             let txn = db
                 .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
                 .await?;
-            (txn, MYSQL.skip_locked())
+            (txn, dialect.skip_locked())
         }
     };
-    let mut params = Params::new(MYSQL);
-    let claimable = claimable(MYSQL, t, &mut params, now, request);
-    let limit = params.bind(limit(request));
-    let hint = MYSQL.index_hint(t, Index::Pending);
+    let mut params = Params::new(dialect);
+    let claimable = claim.claimable(&mut params);
+    let limit = params.bind(claim.limit());
+    let hint = dialect.index_hint(t, Index::Pending);
     let sql = format!(
         "SELECT {COLUMNS} FROM {t} c{hint} WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}"
     );
@@ -50,9 +51,9 @@ pub(super) async fn claim(
         .await?;
     if !rows.is_empty() {
         let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
-        let mut params = Params::new(MYSQL);
+        let mut params = Params::new(dialect);
         let node = params.bind(request.node_id.as_str());
-        let until = params.bind_time(now + lease(request));
+        let until = params.bind_time(claim.lease_end());
         let list = params.bind_ids(&ids);
         // Still pending? A row read without a lock may have been marked published
         // meanwhile, by a node whose lease on it had expired.
@@ -63,7 +64,7 @@ pub(super) async fn claim(
         let updated = txn.execute(params.statement(sql)).await?.rows_affected();
         if updated < rows.len() as u64 {
             // Rare: keep only the rows this claim leased.
-            let mut params = Params::new(MYSQL);
+            let mut params = Params::new(dialect);
             let list = params.bind_ids(&ids);
             let node = params.bind(request.node_id.as_str());
             let leased: HashSet<i64> = txn

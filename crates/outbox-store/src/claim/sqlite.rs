@@ -2,27 +2,14 @@
 //! explicit transaction. The statement runs under the database's write lock, which
 //! serialises claims (no row locks, no claim lock).
 
-use super::lease_returning;
-use crate::dialect::{Dialect, Params};
+use super::Claim;
 use crate::row::ClaimedRow;
-use crate::store::SeaOrmStore;
-use chrono::Utc;
-use outbox_core::ClaimRequest;
-use sea_orm::{DbErr, FromQueryResult};
+use sea_orm::{DatabaseConnection, DbErr, FromQueryResult};
 
 pub(super) async fn claim(
-    store: &SeaOrmStore,
-    request: &ClaimRequest,
+    db: &DatabaseConnection,
+    claim: &Claim<'_>,
 ) -> Result<Vec<ClaimedRow>, DbErr> {
-    let mut params = Params::new(Dialect::Sqlite);
-    let sql = lease_returning(
-        Dialect::Sqlite,
-        store.table(),
-        &mut params,
-        Utc::now(),
-        request,
-    );
-    ClaimedRow::find_by_statement(params.statement(sql))
-        .all(store.connection())
-        .await
+    let statement = claim.lease_returning();
+    ClaimedRow::find_by_statement(statement).all(db).await
 }
