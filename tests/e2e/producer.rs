@@ -59,6 +59,7 @@ async fn rename(
             .with_headers([("traceparent", TRACEPARENT)]),
     )
     .await
+    .map_err(DbErr::from)
 }
 
 async fn enqueue_commits_and_rolls_back_with_the_callers_transaction(backend: Backend) {

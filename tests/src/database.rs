@@ -1,8 +1,7 @@
 //! A fresh outbox table per test, on PostgreSQL, SQLite or MySQL/MariaDB.
 
 use crate::unique_name;
-use outbox_store::entity::Model;
-use outbox_store::{SeaOrmStore, TableName};
+use outbox_store::{OutboxRow, SeaOrmStore, TableName};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, FromQueryResult, Statement};
 use std::path::PathBuf;
 
@@ -76,9 +75,9 @@ impl TestDatabase {
     }
 
     /// Every row, by id.
-    pub async fn rows(&self) -> Vec<Model> {
+    pub async fn rows(&self) -> Vec<OutboxRow> {
         let sql = format!("SELECT * FROM {} ORDER BY id", self.table);
-        Model::find_by_statement(Statement::from_string(self.backend(), sql))
+        OutboxRow::find_by_statement(Statement::from_string(self.backend(), sql))
             .all(self.db())
             .await
             .expect("rows readable")
@@ -96,7 +95,7 @@ impl TestDatabase {
     }
 
     /// The row of `event_id`.
-    pub async fn row(&self, event_id: &str) -> Model {
+    pub async fn row(&self, event_id: &str) -> OutboxRow {
         self.rows()
             .await
             .into_iter()

@@ -19,9 +19,6 @@ pub enum StoreError {
     /// The database could not run a statement (connection lost, constraint, timeout…).
     #[error("database error: {0}")]
     Database(String),
-    /// The table or its settings are unusable.
-    #[error("outbox table error: {0}")]
-    Schema(String),
 }
 
 /// Why a publish did not end in the broker's ack.

@@ -37,6 +37,9 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status.
+    pub const ALL: [Status; 3] = [Status::Pending, Status::Published, Status::Dead];
+
     /// The value stored in the `status` column.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -53,15 +56,27 @@ impl fmt::Display for Status {
     }
 }
 
+/// Reads a `status` column value (the store's counts by status).
 impl FromStr for Status {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "pending" => Ok(Status::Pending),
-            "published" => Ok(Status::Published),
-            "dead" => Ok(Status::Dead),
-            other => Err(format!("unknown status {other:?}")),
+        Status::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| format!("unknown status {s:?}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Status;
+
+    #[test]
+    fn a_status_reads_back_from_its_column_value() {
+        for status in Status::ALL {
+            assert_eq!(status.as_str().parse(), Ok(status));
         }
+        assert!("Pending".parse::<Status>().is_err());
     }
 }

@@ -1,9 +1,11 @@
 //! Operator queries: dead events and requeueing them.
 
-use crate::sql::Params;
+use crate::dialect::Params;
+use crate::error::Error;
+use crate::sql::{DEAD, PENDING};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DbErr, FromQueryResult};
+use sea_orm::{ConnectionTrait, FromQueryResult};
 
 /// A dead event as `dead list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
@@ -50,9 +52,9 @@ impl SeaOrmStore {
         &self,
         filter: &DeadFilter,
         limit: u64,
-    ) -> Result<Vec<DeadEvent>, DbErr> {
+    ) -> Result<Vec<DeadEvent>, Error> {
         let t = self.table();
-        let mut params = Params::new(self.connection().get_database_backend());
+        let mut params = Params::new(self.dialect());
         let mut conditions = String::new();
         if let Some(room) = &filter.room {
             conditions.push_str(&format!(" AND room_id = {}", params.bind(room.as_str())));
@@ -66,17 +68,18 @@ impl SeaOrmStore {
         let limit = params.bind(i64::try_from(limit).unwrap_or(i64::MAX));
         DeadEvent::find_by_statement(params.statement(format!(
             "SELECT id, event_id, event_type, room_id, retry_count, last_error, created_at \
-             FROM {t} WHERE status = 'dead'{conditions} ORDER BY id LIMIT {limit}"
+             FROM {t} WHERE status = {DEAD}{conditions} ORDER BY id LIMIT {limit}"
         )))
         .all(self.connection())
         .await
+        .map_err(Error::from)
     }
 
     /// Makes the selected dead events pending again: `retry_count = 0`, available now,
     /// `last_error` kept for the record. Returns how many rows changed.
-    pub async fn requeue_dead(&self, which: &Requeue) -> Result<u64, DbErr> {
+    pub async fn requeue_dead(&self, which: &Requeue) -> Result<u64, Error> {
         let t = self.table();
-        let mut params = Params::new(self.connection().get_database_backend());
+        let mut params = Params::new(self.dialect());
         let now = params.bind_time(Utc::now());
         let filter = match which {
             Requeue::EventIds(ids) if ids.is_empty() => return Ok(0),
@@ -94,8 +97,8 @@ impl SeaOrmStore {
         let result = self
             .connection()
             .execute(params.statement(format!(
-                "UPDATE {t} SET status = 'pending', retry_count = 0, available_at = {now}, \
-                 locked_by = NULL, locked_until = NULL WHERE status = 'dead'{filter}"
+                "UPDATE {t} SET status = {PENDING}, retry_count = 0, available_at = {now}, \
+                 locked_by = NULL, locked_until = NULL WHERE status = {DEAD}{filter}"
             )))
             .await?;
         Ok(result.rows_affected())

@@ -1,13 +1,9 @@
 //! The URL sqlx is given: the configured one, with the relay's transport defaults.
 //!
-//! sqlx's rustls support is compiled in, and sqlx then negotiates TLS whenever the server
-//! offers it (`sslmode=prefer` on PostgreSQL, `ssl-mode=PREFERRED` on MySQL) — on loopback
-//! that costs 10–15% of throughput, and "prefer" checks no certificate and falls back to
-//! plain text silently, so it protects against little. The relay therefore connects in
-//! plain text unless the URL asks for TLS itself: a URL without an `sslmode` / `ssl-mode`
-//! parameter gets `sslmode=disable` / `ssl-mode=disabled`. Ask for TLS with
-//! `sslmode=require` (or `verify-ca`, `verify-full` with `sslrootcert=`) and
-//! `ssl-mode=required` (or `verify_ca`, `verify_identity` with `ssl-ca=`).
+//! Plain text unless the URL asks for TLS: sqlx would otherwise negotiate TLS whenever
+//! the server offers it ("prefer": 10–15% of throughput on loopback, no certificate
+//! check, silent fallback to plain text). Ask for TLS with `sslmode=require` /
+//! `ssl-mode=required` or stricter (README.md#security).
 
 /// The URL to hand to sqlx for `url`: `mariadb://` becomes `mysql://` (the scheme sea-orm
 /// knows), and PostgreSQL and MySQL URLs without a TLS mode get the plain-text one (see the

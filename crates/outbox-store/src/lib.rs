@@ -1,32 +1,43 @@
 //! The outbox table through sea-orm, on PostgreSQL, SQLite and MySQL/MariaDB.
 //!
 //! Layout:
+//! - [`store`]: [`SeaOrmStore`], the implementation of the [`outbox_core::OutboxStore`]
+//!   port, and [`connect`]. The port's statements live beside it: `claim/` (one file per
+//!   backend), `mark.rs` (outcomes and leases), `stats.rs`, [`retention`].
+//! - `dialect.rs`: every SQL difference between the backends (placeholders, time values,
+//!   index hints, row locks, PostgreSQL's plan pinning and relaxed commit).
+//! - [`sql`]: the table name, its index names and the `status` literals.
 //! - [`admin`]: operator queries (dead events, requeue).
-//! - [`connection_url`]: the URL sqlx is given (plain text unless the URL asks for TLS).
-//! - [`entity`]: the row as sea-orm sees it.
+//! - [`connection_url`](mod@connection_url): the URL sqlx is given (plain text unless the URL asks for TLS).
+//! - [`error`]: [`Error`], what the public functions return.
 //! - [`migration`]: creating and upgrading the table and its indexes.
 //! - [`notify`]: LISTEN for the insert trigger's NOTIFY (PostgreSQL wake-ups).
 //! - [`producer`]: inserting events: [`enqueue`] inside a service's own transaction, and
 //!   [`insert_events`] in bulk (the demo, tests).
 //! - [`retention`]: deleting finished rows in bounded batches (the Janitor, `purge`).
-//! - [`sql`]: backend-aware statement building (placeholders, timestamps, table names).
-//! - [`store`]: [`SeaOrmStore`], the implementation of the [`outbox_core::OutboxStore`] port:
-//!   claim, mark, release, stats.
+//! - [`row`]: rows as statements read them.
 
 pub mod admin;
+mod claim;
 pub mod connection_url;
-pub mod entity;
+mod dialect;
+pub mod error;
+mod mark;
 pub mod migration;
 pub mod notify;
 pub mod producer;
 pub mod retention;
+pub mod row;
 pub mod sql;
+mod stats;
 pub mod store;
 
 pub use admin::{DeadEvent, DeadFilter, Requeue};
 pub use connection_url::connection_url;
+pub use error::Error;
 pub use migration::migrate;
 pub use notify::PgInsertFeed;
 pub use producer::{enqueue, insert_events, NewEvent};
+pub use row::OutboxRow;
 pub use sql::{TableName, TableNameError};
 pub use store::{connect, SeaOrmStore};

@@ -1,7 +1,8 @@
 //! The producer side: inserting events into the outbox.
 //!
 //! Producers insert only `event_id, event_type, room_id, envelope` and optionally
-//! `headers` and `available_at`; every other column has a default (DESIGN §2).
+//! `headers` and `available_at`; every other column has a default
+//! (docs/design.md#the-outbox-table).
 //!
 //! A Rust service calls [`enqueue`] inside the sea-orm transaction that changes its own
 //! state, so the event commits, or rolls back, with that change:
@@ -26,9 +27,11 @@
 //! # }
 //! ```
 
-use crate::sql::{Params, TableName};
+use crate::dialect::Params;
+use crate::error::Error;
+use crate::sql::TableName;
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
+use sea_orm::{ConnectionTrait, DatabaseTransaction};
 
 /// One event to insert.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,11 +101,14 @@ impl NewEvent {
 /// connection is deliberate: an event inserted on its own connection could commit while
 /// the state change it describes rolls back. (Seeding and bulk loads use
 /// [`insert_events`], which takes any connection.)
+///
+/// The [`Error`] converts into `sea_orm::DbErr`, so `?` works in code that returns
+/// sea-orm's errors (the module's example).
 pub async fn enqueue(
     txn: &DatabaseTransaction,
     table: &TableName,
     event: NewEvent,
-) -> Result<String, DbErr> {
+) -> Result<String, Error> {
     insert_events(txn, table, std::slice::from_ref(&event)).await?;
     Ok(event.event_id)
 }
@@ -113,11 +119,11 @@ pub async fn insert_events<C: ConnectionTrait>(
     db: &C,
     table: &TableName,
     events: &[NewEvent],
-) -> Result<(), DbErr> {
+) -> Result<(), Error> {
     if events.is_empty() {
         return Ok(());
     }
-    let mut params = Params::new(db.get_database_backend());
+    let mut params = Params::of(db);
     let mut rows = Vec::with_capacity(events.len());
     for event in events {
         let available_at = match event.available_at {

@@ -1,11 +1,7 @@
-//! Backend-aware statement building: placeholders, timestamps and the table name.
-//!
-//! The claim and mark statements differ enough between PostgreSQL, SQLite and MySQL
-//! (RETURNING, SKIP LOCKED, date functions) that they are written as SQL per backend;
-//! this module keeps the parameter numbering and value encoding in one place.
+//! The names and constants statements are built from: the table name, its indexes and the
+//! `status` values. What differs between backends is in `dialect.rs`.
 
-use chrono::{DateTime, Utc};
-use sea_orm::{DbBackend, Statement, Value};
+use outbox_core::Status;
 use std::fmt;
 use thiserror::Error;
 
@@ -46,88 +42,56 @@ impl fmt::Display for TableName {
     }
 }
 
-/// Collects bound values and hands out the matching placeholder for the backend.
-///
-/// SQLite and MySQL placeholders (`?`) are positional: bind values in the order their
-/// placeholders appear in the statement's text (the SQLite tests catch a slip).
-#[derive(Debug)]
-pub struct Params {
-    backend: DbBackend,
-    values: Vec<Value>,
+/// An index the migrations create and the queries name: `<table>_<suffix>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Index {
+    /// Pending rows in id order: what a claim walks (partial on PostgreSQL and SQLite,
+    /// `(status, id)` on MySQL).
+    Pending,
+    /// `(room_id, id)`: a room's history.
+    Room,
+    /// `(status, published_at)`: what retention walks, oldest first.
+    Retention,
+    /// A room's pending rows in id order: the per-room claim's probe.
+    PendingRoom,
 }
 
-impl Params {
-    /// An empty parameter list for `backend`.
-    pub fn new(backend: DbBackend) -> Self {
-        Self {
-            backend,
-            values: Vec::new(),
+impl Index {
+    const fn suffix(self) -> &'static str {
+        match self {
+            Index::Pending => "pending_idx",
+            Index::Room => "room_idx",
+            Index::Retention => "retention_idx",
+            Index::PendingRoom => "pending_room_idx",
         }
-    }
-
-    /// Binds `value` and returns its placeholder (`$n` or `?`).
-    pub fn bind(&mut self, value: impl Into<Value>) -> String {
-        self.values.push(value.into());
-        match self.backend {
-            DbBackend::Postgres => format!("${}", self.values.len()),
-            _ => "?".to_owned(),
-        }
-    }
-
-    /// Binds a timestamp in the column representation of the backend.
-    pub fn bind_time(&mut self, time: DateTime<Utc>) -> String {
-        let value: Value = match self.backend {
-            DbBackend::Postgres => time.into(),
-            DbBackend::MySql => time.naive_utc().into(),
-            // SQLite has no time type: text in the format of its own defaults, compared
-            // through julianday() so producers may write any ISO-8601 form.
-            DbBackend::Sqlite => time.format(SQLITE_TIME_FORMAT).to_string().into(),
-        };
-        self.bind(value)
-    }
-
-    /// Binds `ids` and returns the condition that follows a column to match any of them:
-    /// `= ANY($n)` with one array on PostgreSQL (one prepared statement whatever the
-    /// count), `IN (?, …)` elsewhere.
-    pub fn any_of(&mut self, ids: &[i64]) -> String {
-        match self.backend {
-            DbBackend::Postgres => format!("= ANY({})", self.bind(ids.to_vec())),
-            _ => format!("IN ({})", self.bind_ids(ids)),
-        }
-    }
-
-    /// Binds every id and returns `p1, p2, …` for an `IN (…)` list.
-    pub fn bind_ids(&mut self, ids: &[i64]) -> String {
-        ids.iter()
-            .map(|id| self.bind(*id))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    /// Finishes a statement with the bound values.
-    pub fn statement(self, sql: String) -> Statement {
-        Statement::from_sql_and_values(self.backend, sql, self.values)
     }
 }
 
-/// PostgreSQL, first statement of a transaction: walk the indexes, never a sequential or
-/// bitmap scan, for this transaction only. With statistics that lag behind the queue
-/// (autovacuum off, or a table analysed while empty) the planner otherwise scans every
-/// published row or collects every candidate before the `LIMIT` (the claim: 454 ms instead
-/// of 3.4 ms at 10,000 pending rows; a purge batch: 54 ms instead of 4 ms).
-pub const PIN_INDEX_PLAN: &str =
-    "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)";
-
-/// How SQLite stores timestamps: the format of `strftime('%Y-%m-%d %H:%M:%f')`.
-pub const SQLITE_TIME_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.3f";
-
-/// A comparable time expression for `column` (or a placeholder) on `backend`.
-pub fn time_expr(backend: DbBackend, expr: &str) -> String {
-    match backend {
-        DbBackend::Sqlite => format!("julianday({expr})"),
-        _ => expr.to_owned(),
+impl TableName {
+    /// The name of the table's `index`.
+    pub(crate) fn index(&self, index: Index) -> String {
+        format!("{}_{}", self.0, index.suffix())
     }
 }
+
+/// A `status` value written into SQL as a quoted literal. A literal, not a bound value:
+/// PostgreSQL and SQLite use a partial index (the pending rows) only for a query whose
+/// condition names the same constant as the index's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Literal(pub(crate) Status);
+
+impl fmt::Display for Literal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "'{}'", self.0.as_str())
+    }
+}
+
+/// The pending status, as a literal.
+pub(crate) const PENDING: Literal = Literal(Status::Pending);
+/// The published status, as a literal.
+pub(crate) const PUBLISHED: Literal = Literal(Status::Published);
+/// The dead status, as a literal.
+pub(crate) const DEAD: Literal = Literal(Status::Dead);
 
 #[cfg(test)]
 mod tests {
@@ -150,20 +114,14 @@ mod tests {
     }
 
     #[test]
-    fn postgres_placeholders_are_numbered() {
-        let mut params = Params::new(DbBackend::Postgres);
-        assert_eq!(params.bind(1i64), "$1");
-        assert_eq!(params.bind_ids(&[2, 3]), "$2, $3");
-        let mut params = Params::new(DbBackend::MySql);
-        assert_eq!(params.bind_ids(&[2, 3]), "?, ?");
-    }
-
-    #[test]
-    fn id_lists_are_one_array_on_postgres() {
-        let mut params = Params::new(DbBackend::Postgres);
-        params.bind(1i64);
-        assert_eq!(params.any_of(&[2, 3, 4]), "= ANY($2)");
-        let mut params = Params::new(DbBackend::Sqlite);
-        assert_eq!(params.any_of(&[2, 3]), "IN (?, ?)");
+    fn status_literals_are_quoted_column_values() {
+        assert_eq!(PENDING.to_string(), "'pending'");
+        assert_eq!(Literal(Status::Published).to_string(), "'published'");
+        assert_eq!(
+            TableName::parse("room_outbox")
+                .unwrap()
+                .index(Index::PendingRoom),
+            "room_outbox_pending_room_idx"
+        );
     }
 }

@@ -1,20 +1,18 @@
-//! The outbox row (DESIGN §2) as a sea-orm entity.
+//! The outbox row (docs/design.md#the-outbox-table) as statements read it.
 //!
-//! The table name is a setting (`database.table`), so statements name the table through
-//! [`crate::TableName`]; the entity is the shape rows are read into.
+//! The table name is a setting (`database.table`), so there is no sea-orm entity: every
+//! statement names the table through [`crate::TableName`] and reads rows into these
+//! structs with [`FromQueryResult`].
 
-use sea_orm::entity::prelude::*;
+use chrono::{DateTime, Utc};
 use sea_orm::FromQueryResult;
 
-/// One row of the outbox table.
-#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-#[sea_orm(table_name = "room_outbox")]
-pub struct Model {
+/// One whole row of the outbox table (`SELECT *`: tests and tools).
+#[derive(Clone, Debug, PartialEq, Eq, FromQueryResult)]
+pub struct OutboxRow {
     /// Insertion order; the order of publishing within a room.
-    #[sea_orm(primary_key)]
     pub id: i64,
     /// Stable id; becomes AMQP `message_id`.
-    #[sea_orm(unique)]
     pub event_id: String,
     /// AMQP `type`; used by routing.
     pub event_type: String,
@@ -31,22 +29,16 @@ pub struct Model {
     /// Last failure, trimmed to 512 bytes.
     pub last_error: Option<String>,
     /// When the producer wrote it.
-    pub created_at: ChronoDateTimeUtc,
+    pub created_at: DateTime<Utc>,
     /// Not published before this.
-    pub available_at: ChronoDateTimeUtc,
+    pub available_at: DateTime<Utc>,
     /// Node that holds the claim.
     pub locked_by: Option<String>,
     /// Claim lease expiry.
-    pub locked_until: Option<ChronoDateTimeUtc>,
+    pub locked_until: Option<DateTime<Utc>>,
     /// When the broker confirmed.
-    pub published_at: Option<ChronoDateTimeUtc>,
+    pub published_at: Option<DateTime<Utc>>,
 }
-
-/// The outbox row has no relations.
-#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
-
-impl ActiveModelBehavior for ActiveModel {}
 
 /// The columns a claim returns: what the relay needs to publish and log one event.
 #[derive(Clone, Debug, PartialEq, Eq, FromQueryResult)]
@@ -66,7 +58,7 @@ pub struct ClaimedRow {
     /// Failed attempts so far.
     pub retry_count: i32,
     /// Commit time of the producer.
-    pub created_at: ChronoDateTimeUtc,
+    pub created_at: DateTime<Utc>,
 }
 
 impl From<ClaimedRow> for outbox_core::OutboxRecord {

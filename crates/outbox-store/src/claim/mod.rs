@@ -1,0 +1,141 @@
+//! The claim: lease up to `limit` publishable rows to a node, oldest id first. One file
+//! per backend, since the statements differ as a whole (RETURNING, row locks, how plans
+//! are kept on the indexes); the conditions that make a row publishable are shared here.
+//! The rules: docs/design.md#claims-leases-and-ordering.
+
+mod mysql;
+mod postgres;
+mod sqlite;
+
+use crate::dialect::{Dialect, Params};
+use crate::row::ClaimedRow;
+use crate::sql::{Index, TableName, PENDING};
+use crate::store::SeaOrmStore;
+use chrono::{DateTime, Utc};
+use outbox_core::{ClaimRequest, Ordering};
+use sea_orm::{ConnectionTrait, DbErr, Statement};
+
+impl SeaOrmStore {
+    /// Leases rows for `request` on this store's backend; in no particular order.
+    pub(crate) async fn claim_rows(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<Vec<ClaimedRow>, DbErr> {
+        let claim = Claim {
+            dialect: self.dialect(),
+            table: self.table(),
+            request,
+            now: Utc::now(),
+        };
+        let db = self.connection();
+        match claim.dialect {
+            Dialect::Postgres => postgres::claim(db, &claim).await,
+            Dialect::MySql => mysql::claim(db, &claim).await,
+            Dialect::Sqlite => sqlite::claim(db, &claim).await,
+        }
+    }
+}
+
+/// The columns of [`ClaimedRow`].
+const COLUMNS: &str =
+    "id, event_id, event_type, room_id, envelope, headers, retry_count, created_at";
+
+/// One claim: what every backend's statements are built from.
+struct Claim<'a> {
+    dialect: Dialect,
+    table: &'a TableName,
+    request: &'a ClaimRequest,
+    /// The claim's clock: what is publishable, and when the leases end.
+    now: DateTime<Utc>,
+}
+
+impl Claim<'_> {
+    /// The conditions that make row alias `c` publishable for the claiming node now.
+    fn claimable(&self, params: &mut Params) -> String {
+        let Self {
+            dialect,
+            table,
+            request,
+            now,
+        } = *self;
+        let mut sql = format!(
+            "c.status = {PENDING} AND {} <= {} AND (c.locked_until IS NULL OR {} < {})",
+            dialect.time("c.available_at"),
+            params.bind_time_expr(now),
+            dialect.time("c.locked_until"),
+            params.bind_time_expr(now),
+        );
+        if request.ordering == Ordering::PerRoom {
+            // Claimable only while no earlier pending row of its room waits out a delay or
+            // is leased to another node (why that keeps room order:
+            // docs/design.md#claims-leases-and-ordering). One probe of the pending-per-room
+            // index per candidate; `?` placeholders are positional: bind in text order.
+            let waiting = format!(
+                "{} > {}",
+                dialect.time("e.available_at"),
+                params.bind_time_expr(now)
+            );
+            let leased = format!(
+                "{} >= {}",
+                dialect.time("e.locked_until"),
+                params.bind_time_expr(now)
+            );
+            let node = params.bind(request.node_id.as_str());
+            let hint = dialect.index_hint(table, Index::PendingRoom);
+            let fence = dialect.probe_fence();
+            sql.push_str(&format!(
+                " AND NOT EXISTS (SELECT 1 FROM {table} e{hint} WHERE e.room_id = c.room_id \
+                 AND e.status = {PENDING} AND e.id < c.id \
+                 AND ({waiting} OR ({leased} AND e.locked_by <> {node})){fence})"
+            ));
+        }
+        sql
+    }
+
+    /// `UPDATE … RETURNING` that leases the claimable rows to the claiming node
+    /// (PostgreSQL and SQLite; MySQL has no `RETURNING`).
+    fn lease_returning(&self) -> Statement {
+        let Self { dialect, table, .. } = *self;
+        let mut params = Params::new(dialect);
+        let node = params.bind(self.request.node_id.as_str());
+        let until = params.bind_time(self.lease_end());
+        let claimable = self.claimable(&mut params);
+        let limit = params.bind(self.limit());
+        let hint = dialect.index_hint(table, Index::Pending);
+        let lock = dialect.skip_locked();
+        let candidates = format!(
+            "SELECT c.id FROM {table} c{hint} WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}"
+        );
+        let ids = dialect.in_subquery(&candidates);
+        let sql = format!(
+            "UPDATE {table} SET locked_by = {node}, locked_until = {until} WHERE id {ids} \
+             RETURNING {COLUMNS}"
+        );
+        params.statement(sql)
+    }
+
+    /// When the leases this claim takes end.
+    fn lease_end(&self) -> DateTime<Utc> {
+        self.now
+            + chrono::Duration::from_std(self.request.lease)
+                .unwrap_or(chrono::Duration::seconds(30))
+    }
+
+    fn limit(&self) -> i64 {
+        i64::try_from(self.request.limit).unwrap_or(i64::MAX)
+    }
+}
+
+/// Serialises per-room claims of all nodes on this table: waits for the row lock on
+/// `<table>_lock`, held until the claim commits. Two claims at once would each see the
+/// other's leases as free (uncommitted), so two nodes could take rows of one room; only
+/// the claim statement is serialised (docs/design.md#claims-leases-and-ordering).
+fn claim_lock_sql(table: &TableName) -> String {
+    format!("SELECT name FROM {table}_lock WHERE name = 'claim' FOR UPDATE")
+}
+
+/// Takes the claim lock ([`claim_lock_sql`]) in `txn`.
+async fn take_claim_lock<C: ConnectionTrait>(txn: &C, table: &TableName) -> Result<(), DbErr> {
+    txn.execute_unprepared(&claim_lock_sql(table)).await?;
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! The claim on MySQL/MariaDB, which has neither `UPDATE … RETURNING` nor `LIMIT` in an
+//! `IN` subquery of the updated table: select, then update, in one transaction.
+
+use super::{take_claim_lock, Claim, COLUMNS};
+use crate::dialect::Params;
+use crate::row::ClaimedRow;
+use crate::sql::{Index, PENDING};
+use outbox_core::Ordering;
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbErr, FromQueryResult, IsolationLevel, TransactionTrait,
+};
+use std::collections::HashSet;
+
+pub(super) async fn claim(
+    db: &DatabaseConnection,
+    claim: &Claim<'_>,
+) -> Result<Vec<ClaimedRow>, DbErr> {
+    let Claim {
+        dialect,
+        table: t,
+        request,
+        ..
+    } = *claim;
+    // Per-room claims: serialised by the claim lock, candidates read without row locks
+    // (InnoDB's snapshot starts at the first plain read, after the lock, so it holds every
+    // earlier claim). Locking reads were the slow part, and MariaDB's `SKIP LOCKED` also
+    // hid earlier rows inside the per-room probe. Without ordering: no claim lock, and
+    // `SKIP LOCKED` under READ COMMITTED, so no gap lock holds up producers' inserts.
+    let (txn, lock) = match request.ordering {
+        Ordering::PerRoom => {
+            let txn = db.begin().await?;
+            take_claim_lock(&txn, t).await?;
+            (txn, "")
+        }
+        Ordering::None => {
+            let txn = db
+                .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
+                .await?;
+            (txn, dialect.skip_locked())
+        }
+    };
+    let mut params = Params::new(dialect);
+    let claimable = claim.claimable(&mut params);
+    let limit = params.bind(claim.limit());
+    let hint = dialect.index_hint(t, Index::Pending);
+    let sql = format!(
+        "SELECT {COLUMNS} FROM {t} c{hint} WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}"
+    );
+    let mut rows = ClaimedRow::find_by_statement(params.statement(sql))
+        .all(&txn)
+        .await?;
+    if !rows.is_empty() {
+        let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+        let mut params = Params::new(dialect);
+        let node = params.bind(request.node_id.as_str());
+        let until = params.bind_time(claim.lease_end());
+        let list = params.bind_ids(&ids);
+        // Still pending? A row read without a lock may have been marked published
+        // meanwhile, by a node whose lease on it had expired.
+        let sql = format!(
+            "UPDATE {t} SET locked_by = {node}, locked_until = {until} \
+             WHERE id IN ({list}) AND status = {PENDING}"
+        );
+        let updated = txn.execute(params.statement(sql)).await?.rows_affected();
+        if updated < rows.len() as u64 {
+            // Rare: keep only the rows this claim leased.
+            let mut params = Params::new(dialect);
+            let list = params.bind_ids(&ids);
+            let node = params.bind(request.node_id.as_str());
+            let leased: HashSet<i64> = txn
+                .query_all(params.statement(format!(
+                    "SELECT id FROM {t} WHERE id IN ({list}) AND locked_by = {node} \
+                     AND status = {PENDING}"
+                )))
+                .await?
+                .iter()
+                .map(|row| row.try_get::<i64>("", "id"))
+                .collect::<Result<_, _>>()?;
+            rows.retain(|row| leased.contains(&row.id));
+        }
+    }
+    txn.commit().await?;
+    Ok(rows)
+}

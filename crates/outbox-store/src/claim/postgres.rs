@@ -1,0 +1,32 @@
+//! The claim on PostgreSQL: one `UPDATE … RETURNING` over the candidates, which
+//! `FOR UPDATE SKIP LOCKED` takes side by side with other nodes' claims.
+
+use super::{claim_lock_sql, Claim};
+use crate::dialect::PIN_INDEX_PLAN;
+use crate::row::ClaimedRow;
+use outbox_core::Ordering;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, FromQueryResult, TransactionTrait};
+
+pub(super) async fn claim(
+    db: &DatabaseConnection,
+    claim: &Claim<'_>,
+) -> Result<Vec<ClaimedRow>, DbErr> {
+    let statement = claim.lease_returning();
+    // One simple-protocol round trip before the claim: the plan walks the pending index
+    // in id order and stops at the limit (PIN_INDEX_PLAN, plus no sort), the commit is
+    // relaxed (Dialect::relaxed_commit), and per-room claims take the claim lock.
+    // SET LOCAL ends with the transaction.
+    let mut prelude = format!(
+        "{PIN_INDEX_PLAN}, set_config('enable_sort', 'off', true), \
+         set_config('synchronous_commit', 'off', true)"
+    );
+    if claim.request.ordering == Ordering::PerRoom {
+        prelude.push_str("; ");
+        prelude.push_str(&claim_lock_sql(claim.table));
+    }
+    let txn = db.begin().await?;
+    txn.execute_unprepared(&prelude).await?;
+    let rows = ClaimedRow::find_by_statement(statement).all(&txn).await?;
+    txn.commit().await?;
+    Ok(rows)
+}

@@ -1,0 +1,15 @@
+//! The claim on SQLite: one `UPDATE … RETURNING` over the candidates, outside any
+//! explicit transaction. The statement runs under the database's write lock, which
+//! serialises claims (no row locks, no claim lock).
+
+use super::Claim;
+use crate::row::ClaimedRow;
+use sea_orm::{DatabaseConnection, DbErr, FromQueryResult};
+
+pub(super) async fn claim(
+    db: &DatabaseConnection,
+    claim: &Claim<'_>,
+) -> Result<Vec<ClaimedRow>, DbErr> {
+    let statement = claim.lease_returning();
+    ClaimedRow::find_by_statement(statement).all(db).await
+}

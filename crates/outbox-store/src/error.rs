@@ -1,0 +1,38 @@
+//! [`Error`](enum@Error): why a call into the outbox table failed.
+
+use crate::sql::TableName;
+use sea_orm::DbErr;
+use thiserror::Error;
+
+/// Why connecting, migrating, inserting, purging or an operator query failed.
+///
+/// No variant quotes the connection URL: it may hold a password.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database URL cannot be parsed.
+    #[error("the database URL cannot be parsed")]
+    InvalidUrl,
+    /// Another runner held the table's migration lock for longer than the wait (MySQL).
+    #[error("another migration of table {table} held its lock for {seconds} s")]
+    MigrationLockTimeout {
+        /// The table being migrated.
+        table: TableName,
+        /// How long this runner waited.
+        seconds: u32,
+    },
+    /// The database refused or failed a connection or a statement (the driver's message).
+    #[error(transparent)]
+    Database(#[from] DbErr),
+}
+
+/// Lets a producer's code that works in [`DbErr`] (its own sea-orm statements around
+/// [`crate::enqueue`]) use `?` on this crate's calls.
+impl From<Error> for DbErr {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Database(error) => error,
+            other => DbErr::Custom(other.to_string()),
+        }
+    }
+}

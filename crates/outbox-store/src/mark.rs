@@ -1,0 +1,138 @@
+//! Writing outcomes and leases: [`SeaOrmStore::mark_batch`] (the Marker's flush), and
+//! releasing and renewing a node's leases. The outcome rules: docs/design.md#outcomes.
+
+use crate::dialect::Params;
+use crate::sql::{DEAD, PENDING, PUBLISHED};
+use crate::store::SeaOrmStore;
+use chrono::Utc;
+use outbox_core::MarkBatch;
+use sea_orm::{ConnectionTrait, DbErr, TransactionTrait};
+use std::time::Duration;
+
+impl SeaOrmStore {
+    /// One statement per kind of outcome. A batch of one kind (the common case: all
+    /// published) is a single statement, atomic by itself, so it runs without BEGIN and
+    /// COMMIT round trips; a mixed batch runs in one transaction. Either way the commit
+    /// is relaxed ([`crate::dialect::Dialect::relaxed_commit`]).
+    pub(crate) async fn mark_batch(&self, node_id: &str, batch: &MarkBatch) -> Result<(), DbErr> {
+        let dialect = self.dialect();
+        let t = self.table();
+        let now = Utc::now();
+        let mut statements: Vec<(Params, String)> = Vec::with_capacity(4);
+        if !batch.published.is_empty() {
+            // The broker confirmed: `published` wins even if the lease was lost meanwhile.
+            let mut params = Params::new(dialect);
+            let at = params.bind_time(now);
+            let ids = params.any_of(&batch.published);
+            let sql = format!(
+                "UPDATE {t} SET status = {PUBLISHED}, published_at = {at}, locked_by = NULL, \
+                 locked_until = NULL WHERE id {ids} AND status <> {PUBLISHED}"
+            );
+            statements.push((params, sql));
+        }
+        if !batch.retried.is_empty() {
+            let mut params = Params::new(dialect);
+            let mut errors = String::from("CASE id");
+            for (failure, _) in &batch.retried {
+                let id = params.bind(failure.id);
+                let error = params.bind(failure.error.as_str());
+                errors.push_str(&format!(" WHEN {id} THEN {error}"));
+            }
+            errors.push_str(" END");
+            let mut available = String::from("CASE id");
+            for (failure, at) in &batch.retried {
+                let id = params.bind(failure.id);
+                let at = params.bind_time(*at);
+                available.push_str(&format!(" WHEN {id} THEN {at}"));
+            }
+            available.push_str(" END");
+            let ids: Vec<i64> = batch
+                .retried
+                .iter()
+                .map(|(failure, _)| failure.id)
+                .collect();
+            let ids = params.any_of(&ids);
+            let node = params.bind(node_id);
+            let sql = format!(
+                "UPDATE {t} SET retry_count = retry_count + 1, last_error = {errors}, \
+                 available_at = {available}, locked_by = NULL, locked_until = NULL \
+                 WHERE id {ids} AND status = {PENDING} AND locked_by = {node}"
+            );
+            statements.push((params, sql));
+        }
+        if !batch.dead.is_empty() {
+            let mut params = Params::new(dialect);
+            let mut errors = String::from("CASE id");
+            for failure in &batch.dead {
+                let id = params.bind(failure.id);
+                let error = params.bind(failure.error.as_str());
+                errors.push_str(&format!(" WHEN {id} THEN {error}"));
+            }
+            errors.push_str(" END");
+            let ids: Vec<i64> = batch.dead.iter().map(|failure| failure.id).collect();
+            let ids = params.any_of(&ids);
+            let node = params.bind(node_id);
+            let sql = format!(
+                "UPDATE {t} SET status = {DEAD}, retry_count = retry_count + 1, \
+                 last_error = {errors}, locked_by = NULL, locked_until = NULL \
+                 WHERE id {ids} AND status = {PENDING} AND locked_by = {node}"
+            );
+            statements.push((params, sql));
+        }
+        if !batch.released.is_empty() {
+            let mut params = Params::new(dialect);
+            let ids = params.any_of(&batch.released);
+            let node = params.bind(node_id);
+            let sql = format!(
+                "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
+                 WHERE id {ids} AND status = {PENDING} AND locked_by = {node}"
+            );
+            statements.push((params, sql));
+        }
+        if statements.len() == 1 {
+            let (params, sql) = statements.remove(0);
+            let sql = dialect.relax_commit_of(sql);
+            self.connection().execute(params.statement(sql)).await?;
+            return Ok(());
+        }
+        let txn = self.connection().begin().await?;
+        if let Some(relaxed) = dialect.relaxed_commit() {
+            txn.execute_unprepared(relaxed).await?;
+        }
+        for (params, sql) in statements {
+            txn.execute(params.statement(sql)).await?;
+        }
+        txn.commit().await
+    }
+
+    /// Clears every lease `node_id` holds on pending rows; returns how many.
+    pub(crate) async fn release_leases(&self, node_id: &str) -> Result<u64, DbErr> {
+        let t = self.table();
+        let mut params = Params::new(self.dialect());
+        let node = params.bind(node_id);
+        let result = self
+            .connection()
+            .execute(params.statement(format!(
+                "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
+                 WHERE locked_by = {node} AND status = {PENDING}"
+            )))
+            .await?;
+        Ok(result.rows_affected())
+    }
+
+    /// Extends every lease `node_id` holds on pending rows to now + `lease`.
+    pub(crate) async fn renew_leases(&self, node_id: &str, lease: Duration) -> Result<u64, DbErr> {
+        let t = self.table();
+        let mut params = Params::new(self.dialect());
+        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(30));
+        let until = params.bind_time(Utc::now() + lease);
+        let node = params.bind(node_id);
+        let result = self
+            .connection()
+            .execute(params.statement(format!(
+                "UPDATE {t} SET locked_until = {until} WHERE locked_by = {node} AND status = {PENDING}"
+            )))
+            .await?;
+        Ok(result.rows_affected())
+    }
+}
