@@ -51,9 +51,23 @@ impl InsertFeed for PgInsertFeed {
 
     async fn wait(&mut self) -> Result<(), StoreError> {
         match self.listener.as_mut() {
-            // A lost connection is re-established inside `try_recv` (and answers `None`);
-            // an error means that failed, and the next call tries again.
-            Some(listener) => listener.try_recv().await.map(|_| ()).map_err(database),
+            // `None` means the connection was lost; sqlx would reconnect inside the next
+            // call and then wait silently, so rows committed meanwhile would wait for a
+            // poll. Instead the feed reports the loss and connects afresh on the next call,
+            // which answers at once (a wake-up) once the server is back.
+            Some(listener) => match listener.try_recv().await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => {
+                    self.listener = None;
+                    Err(StoreError::Database(
+                        "the LISTEN connection was lost".into(),
+                    ))
+                }
+                Err(error) => {
+                    self.listener = None;
+                    Err(database(error))
+                }
+            },
             None => {
                 let url = crate::connection_url(&self.url);
                 let mut listener = PgListener::connect(&url).await.map_err(database)?;
