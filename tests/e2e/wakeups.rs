@@ -98,9 +98,10 @@ async fn without_notify_postgres_probes_and_a_lone_event_arrives_within_a_second
     app.teardown().await;
 }
 
-/// The relay reaches the database through a proxy that goes down for 2 s. SQLite is a
-/// file in the relay's own process: there is no link to cut, so it has no such test.
-async fn wake_ups_survive_the_database_going_away_and_coming_back(backend: Backend) {
+/// A relay idle on `backend` behind a proxy to its database (a 60 s poll), warmed up.
+/// SQLite is a file in the relay's own process: there is no link to cut, so the outage
+/// tests run on PostgreSQL and MySQL/MariaDB only.
+async fn behind_a_proxy(backend: Backend) -> (FaultProxy, TestApp) {
     let (port, url): (u16, fn(SocketAddr) -> String) = match backend {
         Backend::Postgres => (5432, |addr| format!("postgres://postgres@{addr}/test")),
         Backend::MySql => (3306, |addr| format!("mysql://root@{addr}/test")),
@@ -115,8 +116,13 @@ async fn wake_ups_survive_the_database_going_away_and_coming_back(backend: Backe
         .spawn()
         .await;
     warm_up(&app).await;
+    (proxy, app)
+}
 
+/// Takes the relay's database away for 2 s, running `meanwhile` during the outage.
+async fn outage(proxy: &FaultProxy, meanwhile: impl std::future::Future<Output = ()>) {
     proxy.go_down();
+    meanwhile.await;
     // The outage itself: the relay is without its database meanwhile.
     tokio::time::sleep(Duration::from_secs(2)).await;
     eventually(
@@ -126,6 +132,13 @@ async fn wake_ups_survive_the_database_going_away_and_coming_back(backend: Backe
     )
     .await;
     proxy.restore();
+}
+
+/// After a 2 s outage, a lone event arrives within seconds (the mechanism reconnects with
+/// backoff), and the next one within a second again.
+async fn wake_ups_survive_the_database_going_away_and_coming_back(backend: Backend) {
+    let (proxy, app) = behind_a_proxy(backend).await;
+    outage(&proxy, async {}).await;
 
     // The first may wait for the mechanism's reconnection backoff; a poll would be 60 s.
     let committed = insert(&app, event("after-outage", "lone")).await;
@@ -141,6 +154,25 @@ async fn wake_ups_survive_the_database_going_away_and_coming_back(backend: Backe
 }
 
 per_backend!(wake_ups_survive_the_database_going_away_and_coming_back: postgres, mariadb);
+
+/// An event committed while the relay cannot reach its database (no notification or probe
+/// can see it) is delivered within seconds of the link coming back, not at the next poll:
+/// the mechanism's reconnection wakes the relay, since it may have missed inserts.
+async fn events_inserted_during_an_outage_arrive_soon_after_it(backend: Backend) {
+    let (proxy, app) = behind_a_proxy(backend).await;
+    // The test's own connection does not go through the proxy.
+    outage(&proxy, async {
+        outbox_tests::seed(&app.database, &[event("during-outage", "outage")]).await;
+    })
+    .await;
+    let restored = Instant::now();
+    let took = arrival(&app, "during-outage", restored, Duration::from_secs(10)).await;
+    println!("{backend:?}: event of the outage, restore → delivery {took:?}");
+    assert!(took < Duration::from_secs(5), "after the outage: {took:?}");
+    app.teardown().await;
+}
+
+per_backend!(events_inserted_during_an_outage_arrive_soon_after_it: postgres, mariadb);
 
 /// The JSON log lines of `relay` whose message starts with `prefix`.
 fn log_lines(relay: &RelayProcess, prefix: &str) -> Vec<serde_json::Value> {
