@@ -130,16 +130,19 @@ impl LatencyArgs {
 }
 
 /// A fresh table and exchange for one run; the consumer runs in its own process.
-struct Bench {
-    config: Config,
-    store: SeaOrmStore,
+pub(crate) struct Bench {
+    pub(crate) config: Config,
+    pub(crate) store: SeaOrmStore,
     /// The relay's exchange, and the consumer's queue of the same name.
     queue: String,
     sqlite_file: Option<std::path::PathBuf>,
 }
 
 impl Bench {
-    async fn setup(backend: Backend, adjust: impl FnOnce(&mut Settings)) -> anyhow::Result<Self> {
+    pub(crate) async fn setup(
+        backend: Backend,
+        adjust: impl FnOnce(&mut Settings),
+    ) -> anyhow::Result<Self> {
         let run = format!(
             "{}_{}",
             std::process::id(),
@@ -205,7 +208,7 @@ impl Bench {
         Ok(())
     }
 
-    async fn teardown(self) -> anyhow::Result<()> {
+    pub(crate) async fn teardown(self) -> anyhow::Result<()> {
         let broker = open_broker(&self.config).await?;
         let channel = broker.open_channel().await?;
         let _ = delete_queue(&channel, &self.queue).await;
@@ -277,7 +280,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
-fn round(value: f64, digits: i32) -> f64 {
+pub(crate) fn round(value: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits);
     (value * scale).round() / scale
 }
