@@ -161,7 +161,7 @@ impl Default for DatabaseSettings {
             notify: true,
             listen_url: String::new(),
             probe: true,
-            probe_interval: "10ms".into(),
+            probe_interval: "5ms".into(),
         }
     }
 }

@@ -385,13 +385,13 @@ fn sizes_below_zero_fall_back_to_defaults_with_warnings() {
 }
 
 #[test]
-fn wake_ups_default_to_a_10ms_probe_and_listen_on_the_pool_url() {
+fn wake_ups_default_to_a_5ms_probe_and_listen_on_the_pool_url() {
     let config = load("", &[]).unwrap();
     assert!(config.database.notify);
     assert_eq!(config.database.listen_url, None);
     assert_eq!(
         config.database.probe_interval,
-        Some(Duration::from_millis(10))
+        Some(Duration::from_millis(5))
     );
     let off = load("[database]\nprobe = false", &[]).unwrap();
     assert_eq!(off.database.probe_interval, None);
