@@ -28,6 +28,9 @@ mod shutdown;
 mod store;
 /// `amqps://` through a TLS proxy with a custom CA; PostgreSQL's `sslmode`.
 mod tls;
+/// Insert wake-ups per backend: a lone event in milliseconds with a 60 s poll, through an
+/// outage of the database, falling back to polling; `database.probe = false`.
+mod wakeups;
 
 /// The relay binary, built from the test package (`src/bin/outbox-relay-under-test.rs`).
 pub const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay-under-test");

@@ -32,6 +32,8 @@ pub struct Received {
     pub body: Vec<u8>,
     /// Routing key it was published with.
     pub routing_key: String,
+    /// When the test's consumer got it (for latencies measured from a commit).
+    pub arrived: std::time::Instant,
 }
 
 impl Received {
@@ -81,6 +83,7 @@ impl From<&lapin::message::Delivery> for Received {
                 .unwrap_or_default(),
             body: delivery.data.clone(),
             routing_key: delivery.routing_key.to_string(),
+            arrived: std::time::Instant::now(),
         }
     }
 }

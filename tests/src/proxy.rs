@@ -24,6 +24,8 @@ struct State {
     cuts: watch::Sender<u64>,
     /// Connections accepted so far.
     accepted: AtomicU64,
+    /// Connections refused so far (attempts while down).
+    refused: AtomicU64,
 }
 
 impl FaultProxy {
@@ -36,11 +38,13 @@ impl FaultProxy {
             stalled: AtomicBool::new(false),
             cuts: watch::channel(0).0,
             accepted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         });
         let accepting = Arc::clone(&state);
         actix_rt::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if accepting.refusing.load(Ordering::SeqCst) {
+                    accepting.refused.fetch_add(1, Ordering::SeqCst);
                     drop(client);
                     continue;
                 }
@@ -81,6 +85,11 @@ impl FaultProxy {
     /// Connections accepted so far (reconnections show up here).
     pub fn accepted(&self) -> u64 {
         self.state.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections refused so far: each attempt to connect while down.
+    pub fn refused(&self) -> u64 {
+        self.state.refused.load(Ordering::SeqCst)
     }
 }
 

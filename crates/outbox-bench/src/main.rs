@@ -5,6 +5,7 @@
 
 mod baseline;
 mod consumer;
+mod idle;
 mod process;
 mod scenario;
 
@@ -29,6 +30,8 @@ enum Scenario {
     Latency(scenario::LatencyArgs),
     /// `drain` over publishers × batch sizes, medians per cell.
     Matrix(scenario::MatrixArgs),
+    /// An idle relay: its CPU, and the database's statements/s and CPU (wake-ups' cost).
+    Idle(idle::IdleArgs),
     /// The consumer child of `drain` and `latency` (started by them).
     #[command(hide = true)]
     Consume(consumer::ConsumeArgs),
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
                 .map(|result| result.print()),
             Scenario::Latency(args) => scenario::latency(args).await,
             Scenario::Matrix(args) => scenario::matrix(args).await,
+            Scenario::Idle(args) => idle::run(args).await,
             Scenario::Consume(args) => consumer::run(args).await,
         }
     });

@@ -2,9 +2,25 @@
 
 /// User + system CPU seconds so far.
 pub fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    std::fs::read_to_string("/proc/self/stat").map_or(0.0, |stat| stat_cpu_seconds(&stat))
+}
+
+/// User + system CPU seconds so far of every process named `name` (a database server's).
+pub fn cpu_seconds_of(name: &str) -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
         return 0.0;
     };
+    entries
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+        .filter(|stat| stat.contains(&format!("({name})")))
+        .map(|stat| stat_cpu_seconds(&stat))
+        .sum()
+}
+
+/// utime + stime of a `/proc/<pid>/stat` line, in seconds.
+fn stat_cpu_seconds(stat: &str) -> f64 {
     // Fields after the command name (which may contain spaces) start after the last ')'.
     let fields: Vec<&str> = stat
         .rsplit_once(')')

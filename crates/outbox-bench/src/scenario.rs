@@ -90,7 +90,8 @@ pub struct LatencyArgs {
     /// Database backend.
     #[arg(long, value_enum, default_value = "postgres")]
     backend: Backend,
-    /// Inserts per second, one event per transaction.
+    /// Inserts per second, one event per transaction; `--rate 2` (one every 500 ms) times
+    /// lone events on an otherwise idle relay.
     #[arg(long, default_value_t = 500)]
     rate: u64,
     /// How long the producer runs.
@@ -102,25 +103,46 @@ pub struct LatencyArgs {
     /// `relay.publishers`.
     #[arg(long, default_value_t = 4)]
     publishers: i64,
-    /// Turn PostgreSQL wake-ups (LISTEN/NOTIFY) off: the relay only polls.
+    /// Turn PostgreSQL's LISTEN/NOTIFY off (`database.notify = false`): it probes instead,
+    /// or only polls with `--no-probe` too.
     #[arg(long)]
     no_notify: bool,
+    /// Turn the probe off (`database.probe = false`): SQLite, MySQL/MariaDB and PostgreSQL
+    /// with `--no-notify` only poll, for the old figure.
+    #[arg(long)]
+    no_probe: bool,
     /// Repeat the run this many times and report each run and the medians.
     #[arg(long, default_value_t = 1)]
     runs: usize,
 }
 
+impl LatencyArgs {
+    /// The wake-up mechanism these options leave the relay (docs/design.md#wake-ups-and-backoff):
+    /// `notify`, `probe`, `data_version`, or `none` (polling only).
+    fn wake_ups(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres if !self.no_notify => "notify",
+            _ if self.no_probe => "none",
+            Backend::Postgres | Backend::Mysql => "probe",
+            Backend::Sqlite => "data_version",
+        }
+    }
+}
+
 /// A fresh table and exchange for one run; the consumer runs in its own process.
-struct Bench {
-    config: Config,
-    store: SeaOrmStore,
+pub(crate) struct Bench {
+    pub(crate) config: Config,
+    pub(crate) store: SeaOrmStore,
     /// The relay's exchange, and the consumer's queue of the same name.
     queue: String,
     sqlite_file: Option<std::path::PathBuf>,
 }
 
 impl Bench {
-    async fn setup(backend: Backend, adjust: impl FnOnce(&mut Settings)) -> anyhow::Result<Self> {
+    pub(crate) async fn setup(
+        backend: Backend,
+        adjust: impl FnOnce(&mut Settings),
+    ) -> anyhow::Result<Self> {
         let run = format!(
             "{}_{}",
             std::process::id(),
@@ -186,7 +208,7 @@ impl Bench {
         Ok(())
     }
 
-    async fn teardown(self) -> anyhow::Result<()> {
+    pub(crate) async fn teardown(self) -> anyhow::Result<()> {
         let broker = open_broker(&self.config).await?;
         let channel = broker.open_channel().await?;
         let _ = delete_queue(&channel, &self.queue).await;
@@ -258,7 +280,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
-fn round(value: f64, digits: i32) -> f64 {
+pub(crate) fn round(value: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits);
     (value * scale).round() / scale
 }
@@ -463,13 +485,17 @@ struct LatencyRun {
 /// `--runs` times.
 pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let backend = format!("{:?}", args.backend).to_lowercase();
-    let wake_ups = matches!(args.backend, Backend::Postgres) && !args.no_notify;
+    let wake_ups = args.wake_ups();
     println!(
         "latency: {backend}, {} events/s for {} s, {} rooms, commit → delivery, wake-ups {}",
         args.rate,
         args.seconds,
         args.rooms,
-        if wake_ups { "on" } else { "off (polling)" }
+        if wake_ups == "none" {
+            "none (polling)"
+        } else {
+            wake_ups
+        }
     );
     let json = |runs: &[LatencyRun]| {
         let pick = |f: fn(&LatencyRun) -> f64| round(median(runs.iter().map(f).collect()), 2);
@@ -509,6 +535,7 @@ async fn latency_once(args: &LatencyArgs) -> anyhow::Result<LatencyRun> {
     let bench = Bench::setup(args.backend, |settings| {
         settings.relay.publishers = args.publishers;
         settings.database.notify = !args.no_notify;
+        settings.database.probe = !args.no_probe;
     })
     .await?;
     let total = (args.rate * args.seconds) as usize;
@@ -517,6 +544,11 @@ async fn latency_once(args: &LatencyArgs) -> anyhow::Result<LatencyRun> {
     let broker = open_broker(&bench.config).await?;
     let relay = start_relay(&bench.config, &bench.store, &broker).await?;
     let run = bench.store.table().as_str().to_owned();
+    // One event past the timed ones (the consumer ignores it), relayed and marked before
+    // the clock starts: the first timed event finds the relay idle, not starting up.
+    let warm_up = event(&run, total, args.rooms);
+    insert_events(bench.store.connection(), bench.store.table(), &[warm_up]).await?;
+    bench.wait_all_marked(Duration::from_secs(60)).await?;
     let mut committed = vec![0i64; total];
     let started = tokio::time::Instant::now();
     let period = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);

@@ -173,6 +173,10 @@ pub struct DemoArgs {
     /// runs (relay live traffic).
     #[arg(long)]
     pub prefill: bool,
+    /// Live traffic: events inserted per second, a small batch every 10 ms, so the latency
+    /// shows the relay rather than a queue; 0 inserts as fast as the database takes them.
+    #[arg(long, value_name = "N", default_value_t = 2_000)]
+    pub rate: u64,
 }
 
 #[cfg(test)]

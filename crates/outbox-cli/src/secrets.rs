@@ -12,6 +12,9 @@ use std::sync::Arc;
 
 /// The URL with any password replaced by `***`; unparsable text is not echoed at all.
 pub fn redact_url(value: &str) -> String {
+    if value.trim().is_empty() {
+        return String::new();
+    }
     match url::Url::parse(value) {
         Ok(mut parsed) => {
             if parsed.password().is_some() {

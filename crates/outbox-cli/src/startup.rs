@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use outbox_amqp::Broker;
 use outbox_core::EventPublisher;
 use outbox_relay::Relay;
-use outbox_store::SeaOrmStore;
+use outbox_store::{SeaOrmStore, WakeUps};
 use std::sync::Arc;
 use tracing::info;
 
@@ -42,8 +42,9 @@ pub async fn open_broker(config: &Config) -> anyhow::Result<Broker> {
     Ok(Broker::connect(config.amqp.clone()).await?)
 }
 
-/// Opens one confirm channel per publisher and starts the relay's actors, listening for
-/// inserts where the store announces them (PostgreSQL) unless `database.notify` is off.
+/// Opens one confirm channel per publisher and starts the relay's actors, with the insert
+/// wake-ups the settings allow: LISTEN on PostgreSQL (`database.notify`), else a probe
+/// (`database.probe`).
 pub async fn start_relay(
     config: &Config,
     store: &SeaOrmStore,
@@ -54,9 +55,25 @@ pub async fn start_relay(
         ports.push(Arc::new(broker.publisher().await?));
     }
     let mut relay = Relay::start(Arc::new(store.clone()), ports, config.relay.clone()).await?;
-    if config.database.notify {
-        if let Some(feed) = store.insert_feed(&config.database.url) {
-            relay.listen(Box::new(feed));
+    let database = &config.database;
+    let wake_ups = WakeUps {
+        listen_url: database.notify.then(|| {
+            database
+                .listen_url
+                .as_ref()
+                .unwrap_or(&database.url)
+                .clone()
+        }),
+        probe_interval: database.probe_interval,
+        url: database.url.clone(),
+    };
+    match store.insert_feed(&wake_ups) {
+        Some(feed) => {
+            info!(feed = feed.kind(), "new rows wake the relay");
+            relay.listen(feed);
+        }
+        None => {
+            info!(poll_interval = ?config.relay.poll_interval, "no insert wake-ups: the relay polls")
         }
     }
     Ok(relay)

@@ -182,13 +182,16 @@ pub trait OutboxStore: Send + Sync + 'static {
     ) -> Result<u64, StoreError>;
 }
 
-/// The database's announcements of new rows (PostgreSQL's LISTEN for the insert trigger's
-/// NOTIFY): the relay claims when one arrives instead of at the next poll.
+/// How the database tells of new rows (PostgreSQL's NOTIFY, or a cheap probe where nothing
+/// announces them): the relay claims when the feed answers instead of at the next poll.
 #[async_trait]
 pub trait InsertFeed: Send + 'static {
+    /// The mechanism, for logs and figures: `notify`, `probe` or `data_version`.
+    fn kind(&self) -> &'static str;
+
     /// Waits for a reason to claim: the feed has just connected, rows were inserted, or the
-    /// connection was lost and re-established (notifications may have been missed). An
-    /// error means the feed is not listening (it cannot connect); calling again retries.
+    /// connection was lost and re-established (rows may have come meanwhile). An error
+    /// means the feed is not working (it cannot connect); calling again retries.
     async fn wait(&mut self) -> Result<(), StoreError>;
 }
 

@@ -305,6 +305,10 @@ impl FakeFeed {
 
 #[async_trait]
 impl InsertFeed for FakeFeed {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+
     async fn wait(&mut self) -> Result<(), StoreError> {
         self.inner
             .calls

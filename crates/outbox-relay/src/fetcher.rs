@@ -225,7 +225,7 @@ impl Handler<Tick> for Fetcher {
                 (request.limit, claimed, started.elapsed())
             }
             .into_actor(self)
-            .map(|(limit, claimed, took), fetcher, _| match claimed {
+            .map(|(limit, claimed, took), fetcher, ctx| match claimed {
                 Ok(records) => {
                     fetcher.unsure = false;
                     if fetcher.retry_at.take().is_some() {
@@ -249,9 +249,11 @@ impl Handler<Tick> for Fetcher {
                     }
                 }
                 Err(error) => {
-                    // The rows stay pending and unclaimed; a later tick retries once the
-                    // backoff has passed. The transition is logged once, not every retry.
+                    // The rows stay pending and unclaimed; the Scheduler is woken once the
+                    // backoff has passed, so the retry does not wait for a poll that wake-ups
+                    // made rare. The transition is logged once, not every retry.
                     let retry_in = fetcher.backoff.next_delay();
+                    ctx.run_later(retry_in, |fetcher, _| fetcher.scheduler.do_send(Wake));
                     if fetcher.retry_at.is_none() {
                         warn!(%error, "database unavailable: claims fail; retrying with backoff");
                     } else {
@@ -539,6 +541,18 @@ mod tests {
             1,
             "released once, not on every claim"
         );
+    }
+
+    #[actix_rt::test]
+    async fn a_failed_claim_wakes_the_scheduler_once_its_backoff_has_passed() {
+        let store = Arc::new(FakeStore::default());
+        store.failing_claims.store(1, AtomicOrdering::SeqCst);
+        let rig = rig(Arc::clone(&store), Duration::from_secs(30));
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 0);
+        // No tick comes from anywhere else here: the retry is the Fetcher's own doing.
+        rig.wakes.wait_for(1, Duration::from_secs(5)).await;
+        store.claimable.lock().unwrap().push(record(1, "a"));
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 1);
     }
 
     #[actix_rt::test]

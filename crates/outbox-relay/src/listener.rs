@@ -31,6 +31,8 @@ pub struct Listener {
     announced: bool,
     /// Between attempts while the feed cannot connect.
     backoff: Backoff,
+    /// The feed's mechanism, for log lines.
+    kind: &'static str,
 }
 
 impl Listener {
@@ -41,6 +43,7 @@ impl Listener {
         fetcher: Recipient<InsertsAnnounced>,
     ) -> Self {
         Self {
+            kind: feed.kind(),
             feed: Some(feed),
             scheduler,
             fetcher,
@@ -75,7 +78,7 @@ impl Listener {
             Ok(()) => {
                 if !self.announced {
                     if !self.backoff.is_reset() {
-                        info!("insert listener connected again");
+                        info!(feed = self.kind, "insert wake-ups available again");
                     }
                     self.fetcher.do_send(InsertsAnnounced(true));
                     self.announced = true;
@@ -86,7 +89,7 @@ impl Listener {
             }
             Err(error) => {
                 if self.backoff.is_reset() {
-                    warn!(%error, "cannot LISTEN for inserts; polling until the listener connects");
+                    warn!(feed = self.kind, %error, "insert wake-ups unavailable; polling until they are back");
                 }
                 if self.announced {
                     self.fetcher.do_send(InsertsAnnounced(false));

@@ -11,7 +11,9 @@
 //! - [`connection_url`](mod@connection_url): the URL sqlx is given (plain text unless the URL asks for TLS).
 //! - [`error`]: [`Error`], what the public functions return.
 //! - [`migration`]: creating and upgrading the table and its indexes.
-//! - [`notify`]: LISTEN for the insert trigger's NOTIFY (PostgreSQL wake-ups).
+//! - [`wake`]: how the relay hears of new rows before its next poll: LISTEN (PostgreSQL),
+//!   a `MAX(id)` probe (MySQL/MariaDB, PostgreSQL without LISTEN), `PRAGMA data_version`
+//!   (SQLite).
 //! - [`producer`]: inserting events: [`enqueue`] inside a service's own transaction, and
 //!   [`insert_events`] in bulk (the demo, tests).
 //! - [`retention`]: deleting finished rows in bounded batches (the Janitor, `purge`).
@@ -24,20 +26,20 @@ mod dialect;
 pub mod error;
 mod mark;
 pub mod migration;
-pub mod notify;
 pub mod producer;
 pub mod retention;
 pub mod row;
 pub mod sql;
 mod stats;
 pub mod store;
+pub mod wake;
 
 pub use admin::{DeadEvent, DeadFilter, Requeue};
 pub use connection_url::connection_url;
 pub use error::Error;
 pub use migration::migrate;
-pub use notify::PgInsertFeed;
 pub use producer::{enqueue, insert_events, NewEvent};
 pub use row::OutboxRow;
 pub use sql::{TableName, TableNameError};
 pub use store::{connect, SeaOrmStore};
+pub use wake::WakeUps;

@@ -95,10 +95,26 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
         let table = config.database.table.clone();
         let run = run.clone();
         let (events, rooms) = (args.events, args.rooms);
+        let rate = if args.prefill { 0 } else { args.rate };
+        // At a steady rate: a batch per tick, each tick's events inserted together.
+        let batch_size = if rate == 0 {
+            SEED_BATCH
+        } else {
+            (rate / 100).clamp(1, SEED_BATCH)
+        };
+        let mut ticks = (rate > 0).then(|| {
+            let mut ticks =
+                tokio::time::interval(Duration::from_secs_f64(batch_size as f64 / rate as f64));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks
+        });
         async move {
             let mut next = 0;
             while next < events {
-                let batch: Vec<NewEvent> = (next..(next + SEED_BATCH).min(events))
+                if let Some(ticks) = ticks.as_mut() {
+                    ticks.tick().await;
+                }
+                let batch: Vec<NewEvent> = (next..(next + batch_size).min(events))
                     .map(|n| synthetic_event(&run, n, rooms))
                     .collect();
                 let at = Instant::now();
@@ -111,18 +127,19 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
             anyhow::Ok(())
         }
     };
-    let (started, seeder) = if args.prefill {
+    let (relay, started, seeder) = if args.prefill {
         seeding.await.context("seeding failed")?;
         // A backlog: measure from the relay's start, not from the inserts.
         let started = Instant::now();
         for at in inserted.borrow_mut().values_mut() {
             *at = started;
         }
-        (started, None)
+        (start_relay(&config, &store, &broker).await?, started, None)
     } else {
-        (Instant::now(), Some(actix_rt::spawn(seeding)))
+        let relay = start_relay(&config, &store, &broker).await?;
+        // Live traffic starts once the relay runs: the latency is the relay's, not its start's.
+        (relay, Instant::now(), Some(actix_rt::spawn(seeding)))
     };
-    let relay = start_relay(&config, &store, &broker).await?;
 
     let deadline = Duration::from_secs(60).max(Duration::from_millis(args.events * 10));
     let mut summary = DemoSummary {

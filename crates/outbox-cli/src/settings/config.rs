@@ -1,7 +1,7 @@
 //! The settings after validation: typed, ready to connect with.
 
 use super::shape::Settings;
-use crate::secrets::Secrets;
+use crate::secrets::{redact_url, Secrets};
 use outbox_amqp::AmqpSettings;
 use outbox_core::RelayOptions;
 use outbox_store::TableName;
@@ -45,6 +45,10 @@ pub struct DatabaseConfig {
     pub migrate_on_start: bool,
     /// LISTEN for insert notifications (PostgreSQL).
     pub notify: bool,
+    /// The URL LISTEN connects to, with the password put in, when it is not `url`.
+    pub listen_url: Option<String>,
+    /// How often to probe for inserts where nothing announces them; `None`: no probe.
+    pub probe_interval: Option<std::time::Duration>,
 }
 
 // By hand: the URL in force may hold a password.
@@ -56,6 +60,8 @@ impl std::fmt::Debug for DatabaseConfig {
             .field("max_connections", &self.max_connections)
             .field("migrate_on_start", &self.migrate_on_start)
             .field("notify", &self.notify)
+            .field("listen_url", &self.listen_url.as_deref().map(redact_url))
+            .field("probe_interval", &self.probe_interval)
             .finish()
     }
 }

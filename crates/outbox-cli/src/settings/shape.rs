@@ -43,8 +43,16 @@ pub struct DatabaseSettings {
     /// Create or upgrade the table when `run` or `demo` starts.
     pub migrate_on_start: bool,
     /// PostgreSQL: LISTEN for the insert trigger's NOTIFY and claim at once (polling stays
-    /// as the fallback). Ignored on other backends, which poll.
+    /// as the fallback). Ignored on other backends, which probe.
     pub notify: bool,
+    /// PostgreSQL: a session connection for LISTEN when `url` goes through a pooler in
+    /// transaction mode (PgBouncer), where LISTEN hears nothing. Blank: `url`.
+    pub listen_url: String,
+    /// Where nothing announces inserts (SQLite, MySQL/MariaDB, PostgreSQL without
+    /// `notify`): notice them with a cheap probe instead of waiting for `poll_interval`.
+    pub probe: bool,
+    /// How often the probe looks; zero: the default.
+    pub probe_interval: Field<Span>,
 }
 
 /// `[amqp]`
@@ -151,6 +159,9 @@ impl Default for DatabaseSettings {
             max_connections: 10,
             migrate_on_start: true,
             notify: true,
+            listen_url: String::new(),
+            probe: true,
+            probe_interval: "5ms".into(),
         }
     }
 }
@@ -216,6 +227,7 @@ impl Settings {
     pub(super) fn redacted(&self, node_id: &str) -> Settings {
         let mut shown = self.clone();
         shown.database.url = redact_url(&self.database.url);
+        shown.database.listen_url = redact_url(&self.database.listen_url);
         shown.database.password = masked(&self.database.password).into();
         shown.amqp.url = redact_url(&self.amqp.url);
         shown.amqp.password = masked(&self.amqp.password).into();
@@ -236,6 +248,9 @@ impl std::fmt::Debug for DatabaseSettings {
             .field("max_connections", &self.max_connections)
             .field("migrate_on_start", &self.migrate_on_start)
             .field("notify", &self.notify)
+            .field("listen_url", &redact_url(&self.listen_url))
+            .field("probe", &self.probe)
+            .field("probe_interval", &self.probe_interval)
             .finish()
     }
 }

@@ -39,7 +39,16 @@ impl Settings {
         };
         Ok(Config {
             effective: self.redacted(&relay.node_id),
-            secrets: Secrets::from_urls([database.url.as_str(), amqp.url.as_str()]),
+            secrets: Secrets::from_urls(
+                [
+                    Some(&database.url),
+                    database.listen_url.as_ref(),
+                    Some(&amqp.url),
+                ]
+                .into_iter()
+                .flatten()
+                .map(String::as_str),
+            ),
             database,
             amqp,
             relay,
@@ -72,6 +81,27 @@ impl DatabaseSettings {
             self.max_connections,
             defaults.max_connections,
         );
+        let listen_url = if self.listen_url.trim().is_empty() {
+            Some(None)
+        } else {
+            check
+                .take(
+                    url_setting(
+                        &check.key("listen_url"),
+                        &self.listen_url,
+                        &["postgres", "postgresql"],
+                    )
+                    .and_then(|url| {
+                        secrets::with_password("database", url, &self.password, &self.password_file)
+                    }),
+                )
+                .map(|(url, _)| Some(url))
+        };
+        let probe_interval = check.duration_or_default(
+            "probe_interval",
+            &self.probe_interval,
+            &defaults.probe_interval,
+        );
         let (url, redacted_url) = url?;
         Some(DatabaseConfig {
             url,
@@ -80,6 +110,8 @@ impl DatabaseSettings {
             max_connections: u32::try_from(max_connections).unwrap_or(u32::MAX),
             migrate_on_start: self.migrate_on_start,
             notify: self.notify,
+            listen_url: listen_url?,
+            probe_interval: self.probe.then_some(probe_interval?),
         })
     }
 }

@@ -383,3 +383,48 @@ fn sizes_below_zero_fall_back_to_defaults_with_warnings() {
         ]
     );
 }
+
+#[test]
+fn wake_ups_default_to_a_5ms_probe_and_listen_on_the_pool_url() {
+    let config = load("", &[]).unwrap();
+    assert!(config.database.notify);
+    assert_eq!(config.database.listen_url, None);
+    assert_eq!(
+        config.database.probe_interval,
+        Some(Duration::from_millis(5))
+    );
+    let off = load("[database]\nprobe = false", &[]).unwrap();
+    assert_eq!(off.database.probe_interval, None);
+}
+
+#[test]
+fn a_listen_url_must_be_postgres_and_a_probe_interval_a_duration() {
+    let error = load(
+        "[database]\nlisten_url = \"mysql://db:3306/x\"\nprobe_interval = \"often\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(error.contains("database.listen_url"), "{error}");
+    assert!(error.contains("postgres"), "{error}");
+    assert!(
+        error.contains("database.probe_interval = \"often\""),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_listen_url_takes_the_database_password_and_never_shows_it() {
+    let config = load(
+        "[database]\nurl = \"postgres://relay@pgbouncer:6432/rooms\"\nlisten_url = \"postgres://relay@db-direct:5432/rooms\"\npassword = \"s3cret\"",
+        &[],
+    )
+    .unwrap();
+    let listen_url = config.database.listen_url.as_deref().unwrap();
+    assert!(
+        listen_url.contains("relay:s3cret@db-direct"),
+        "{listen_url}"
+    );
+    let shown = format!("{:?} {:?}", config.database, config.effective.database);
+    assert!(!shown.contains("s3cret"), "{shown}");
+    assert!(config.secrets.scrub("x s3cret y").contains("***"));
+}

@@ -3,21 +3,10 @@
 //! relay claims at once instead of at the next poll. Polling stays as the fallback.
 
 use crate::sql::TableName;
-use crate::SeaOrmStore;
 use async_trait::async_trait;
 use outbox_core::{InsertFeed, StoreError};
 use sea_orm::sqlx::postgres::PgListener;
-use sea_orm::{ConnectionTrait, DbBackend};
 use tracing::debug;
-
-impl SeaOrmStore {
-    /// The feed of this store's inserts on PostgreSQL, connecting to `url` (the URL the
-    /// store was opened with); `None` on the backends that have no NOTIFY.
-    pub fn insert_feed(&self, url: &str) -> Option<PgInsertFeed> {
-        let postgres = self.connection().get_database_backend() == DbBackend::Postgres;
-        postgres.then(|| PgInsertFeed::new(url, self.table().clone()))
-    }
-}
 
 /// The [`InsertFeed`] port on a LISTEN connection to the table's channel: connects on the
 /// first wait, and reconnects by itself when the connection is lost.
@@ -56,11 +45,29 @@ fn database(error: sea_orm::sqlx::Error) -> StoreError {
 
 #[async_trait]
 impl InsertFeed for PgInsertFeed {
+    fn kind(&self) -> &'static str {
+        "notify"
+    }
+
     async fn wait(&mut self) -> Result<(), StoreError> {
         match self.listener.as_mut() {
-            // A lost connection is re-established inside `try_recv` (and answers `None`);
-            // an error means that failed, and the next call tries again.
-            Some(listener) => listener.try_recv().await.map(|_| ()).map_err(database),
+            // `None` means the connection was lost; sqlx would reconnect inside the next
+            // call and then wait silently, so rows committed meanwhile would wait for a
+            // poll. Instead the feed reports the loss and connects afresh on the next call,
+            // which answers at once (a wake-up) once the server is back.
+            Some(listener) => match listener.try_recv().await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => {
+                    self.listener = None;
+                    Err(StoreError::Database(
+                        "the LISTEN connection was lost".into(),
+                    ))
+                }
+                Err(error) => {
+                    self.listener = None;
+                    Err(database(error))
+                }
+            },
             None => {
                 let url = crate::connection_url(&self.url);
                 let mut listener = PgListener::connect(&url).await.map_err(database)?;
@@ -68,7 +75,7 @@ impl InsertFeed for PgInsertFeed {
                     .listen(self.table.as_str())
                     .await
                     .map_err(database)?;
-                debug!(channel = %self.table, "listening for inserts");
+                debug!(feed = "notify", channel = %self.table, "listening for inserts");
                 self.listener = Some(listener);
                 Ok(())
             }

@@ -1,0 +1,51 @@
+//! Wake-ups: how the relay hears of new rows before its next poll, one
+//! [`outbox_core::InsertFeed`] per mechanism (docs/design.md#wake-ups-and-backoff):
+//!
+//! - [`listen`]: PostgreSQL's insert trigger NOTIFYs, a LISTEN connection hears it.
+//! - [`probe`]: `SELECT MAX(id)` every few milliseconds (MySQL/MariaDB, and PostgreSQL
+//!   without LISTEN, e.g. behind PgBouncer): one key of the primary index.
+//! - [`data_version`]: SQLite's `PRAGMA data_version` on a connection of its own, which
+//!   changes when another connection commits; it reads no table.
+
+pub mod data_version;
+pub mod listen;
+pub mod probe;
+
+use crate::dialect::Dialect;
+use crate::SeaOrmStore;
+use outbox_core::InsertFeed;
+use std::time::Duration;
+
+/// Which wake-ups the settings allow.
+#[derive(Debug, Clone, Default)]
+pub struct WakeUps {
+    /// PostgreSQL: LISTEN on this URL (the pool's, or a session connection's beside a
+    /// pooler); `None`: no LISTEN. May hold a password: never logged.
+    pub listen_url: Option<String>,
+    /// Probe this often where nothing announces inserts; `None`: poll only.
+    pub probe_interval: Option<Duration>,
+    /// SQLite: the database URL, for the probe's own connection.
+    pub url: String,
+}
+
+impl SeaOrmStore {
+    /// The feed of this store's inserts that `wake_ups` allow on its backend: LISTEN on
+    /// PostgreSQL when a listen URL is given, else a probe; `None` when neither is allowed.
+    pub fn insert_feed(&self, wake_ups: &WakeUps) -> Option<Box<dyn InsertFeed>> {
+        let table = self.table().clone();
+        match (Dialect::of(self.connection()), &wake_ups.listen_url) {
+            (Dialect::Postgres, Some(url)) => Some(Box::new(listen::PgInsertFeed::new(url, table))),
+            (Dialect::Postgres | Dialect::MySql, None) | (Dialect::MySql, Some(_)) => {
+                let interval = wake_ups.probe_interval?;
+                Some(Box::new(probe::MaxIdProbe::new(self.clone(), interval)))
+            }
+            (Dialect::Sqlite, _) => {
+                let interval = wake_ups.probe_interval?;
+                Some(Box::new(data_version::DataVersionFeed::new(
+                    &wake_ups.url,
+                    interval,
+                )))
+            }
+        }
+    }
+}

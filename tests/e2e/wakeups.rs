@@ -1,0 +1,324 @@
+//! Insert wake-ups (docs/design.md#wake-ups-and-backoff): with `relay.poll_interval` at
+//! 60 s a poll cannot be what delivers, so a lone event arriving in milliseconds was
+//! noticed by the backend's mechanism (NOTIFY, the `MAX(id)` probe, `PRAGMA data_version`).
+
+use outbox_store::NewEvent;
+use outbox_tests::{event, eventually, per_backend, Backend, FaultProxy, RelayProcess, TestApp};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Longer than any test waits: whatever arrives was woken, not polled.
+const NO_POLL: &str = "60s";
+/// What a wake-up on an idle relay must take at most, commit → delivery.
+const WAKE_UP: Duration = Duration::from_secs(1);
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Inserts `event` in a transaction of its own; the moment the commit returned.
+async fn insert(app: &TestApp, event: NewEvent) -> Instant {
+    outbox_tests::seed(&app.database, &[event]).await;
+    Instant::now()
+}
+
+/// Waits (at most `deadline`) for the first delivery of `event_id`; how long after
+/// `committed` it arrived.
+async fn arrival(
+    app: &TestApp,
+    event_id: &str,
+    committed: Instant,
+    deadline: Duration,
+) -> Duration {
+    let mut arrived = None;
+    eventually(&format!("{event_id} to arrive"), deadline, || {
+        arrived = app
+            .broker
+            .received()
+            .iter()
+            .find(|message| message.message_id == event_id)
+            .map(|message| message.arrived);
+        std::future::ready(arrived.is_some())
+    })
+    .await;
+    arrived
+        .expect("arrived")
+        .saturating_duration_since(committed)
+}
+
+/// Inserts one event and expects it at the broker within [`WAKE_UP`] of its commit.
+async fn lone_event_within_a_second(app: &TestApp, test: &str, id: &str) {
+    let committed = insert(app, event(id, "lone")).await;
+    // A longer wait than the bound, so that a failure shows the figure.
+    let took = arrival(app, id, committed, Duration::from_secs(5)).await;
+    println!("{test}: {id} commit → delivery {took:?}");
+    assert!(took < WAKE_UP, "{id}: commit → delivery {took:?}");
+}
+
+/// Lets the relay deliver a first event, inserted once it runs, and mark it: then it is
+/// idle, its feed started (within the deadline whatever woke it; a poll would be 60 s).
+async fn warm_up(app: &TestApp) {
+    let committed = insert(app, event("warm-up", "warm-up")).await;
+    arrival(app, "warm-up", committed, Duration::from_secs(10)).await;
+    app.database
+        .wait_all_published(Duration::from_secs(10))
+        .await;
+}
+
+/// Three lone events, one after the other, each within a second of its commit.
+async fn a_lone_event_on_an_idle_relay_arrives_within_a_second(backend: Backend) {
+    let app = TestApp::on(backend)
+        .settings(|settings| settings.relay.poll_interval = NO_POLL.into())
+        .spawn()
+        .await;
+    warm_up(&app).await;
+    for n in 1..=3 {
+        lone_event_within_a_second(&app, &format!("{backend:?}"), &format!("lone-{n}")).await;
+        app.database
+            .wait_all_published(Duration::from_secs(10))
+            .await;
+    }
+    app.teardown().await;
+}
+
+per_backend!(a_lone_event_on_an_idle_relay_arrives_within_a_second: postgres, sqlite, mariadb);
+
+/// PostgreSQL behind a pooler (`notify = false`) probes like MySQL/MariaDB.
+#[actix_rt::test]
+async fn without_notify_postgres_probes_and_a_lone_event_arrives_within_a_second() {
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.relay.poll_interval = NO_POLL.into();
+            settings.database.notify = false;
+        })
+        .spawn()
+        .await;
+    warm_up(&app).await;
+    lone_event_within_a_second(&app, "postgres, notify off", "lone").await;
+    app.teardown().await;
+}
+
+/// A relay idle on `backend` behind a proxy to its database (a 60 s poll), warmed up.
+/// SQLite is a file in the relay's own process: there is no link to cut, so the outage
+/// tests run on PostgreSQL and MySQL/MariaDB only.
+async fn behind_a_proxy(backend: Backend) -> (FaultProxy, TestApp) {
+    let (port, url): (u16, fn(SocketAddr) -> String) = match backend {
+        Backend::Postgres => (5432, |addr| format!("postgres://postgres@{addr}/test")),
+        Backend::MySql => (3306, |addr| format!("mysql://root@{addr}/test")),
+        Backend::Sqlite => unreachable!("a file has no link to cut"),
+    };
+    let proxy = FaultProxy::start(local(port)).await;
+    let app = TestApp::on(backend)
+        .settings(|settings| {
+            settings.database.url = url(proxy.addr);
+            settings.relay.poll_interval = NO_POLL.into();
+        })
+        .spawn()
+        .await;
+    warm_up(&app).await;
+    (proxy, app)
+}
+
+/// Takes the relay's database away for 2 s, running `meanwhile` during the outage.
+async fn outage(proxy: &FaultProxy, meanwhile: impl std::future::Future<Output = ()>) {
+    proxy.go_down();
+    meanwhile.await;
+    // The outage itself: the relay is without its database meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eventually(
+        "the relay to try to reconnect during the outage",
+        Duration::from_secs(10),
+        || std::future::ready(proxy.refused() > 0),
+    )
+    .await;
+    proxy.restore();
+}
+
+/// After a 2 s outage, a lone event arrives within seconds (the mechanism reconnects with
+/// backoff), and the next one within a second again.
+async fn wake_ups_survive_the_database_going_away_and_coming_back(backend: Backend) {
+    let (proxy, app) = behind_a_proxy(backend).await;
+    outage(&proxy, async {}).await;
+
+    // The first may wait for the mechanism's reconnection backoff; a poll would be 60 s.
+    let committed = insert(&app, event("after-outage", "lone")).await;
+    let took = arrival(&app, "after-outage", committed, Duration::from_secs(10)).await;
+    println!("{backend:?}: first event after the outage, commit → delivery {took:?}");
+    assert!(took < Duration::from_secs(5), "after the outage: {took:?}");
+    app.database
+        .wait_all_published(Duration::from_secs(10))
+        .await;
+    // Then the mechanism is back: a lone event wakes the relay as before the outage.
+    lone_event_within_a_second(&app, &format!("{backend:?} after the outage"), "lone").await;
+    app.teardown().await;
+}
+
+per_backend!(wake_ups_survive_the_database_going_away_and_coming_back: postgres, mariadb);
+
+/// An event committed while the relay cannot reach its database (no notification or probe
+/// can see it) is delivered within seconds of the link coming back, not at the next poll:
+/// the mechanism's reconnection wakes the relay, since it may have missed inserts.
+async fn events_inserted_during_an_outage_arrive_soon_after_it(backend: Backend) {
+    let (proxy, app) = behind_a_proxy(backend).await;
+    // The test's own connection does not go through the proxy.
+    outage(&proxy, async {
+        outbox_tests::seed(&app.database, &[event("during-outage", "outage")]).await;
+    })
+    .await;
+    let restored = Instant::now();
+    let took = arrival(&app, "during-outage", restored, Duration::from_secs(10)).await;
+    println!("{backend:?}: event of the outage, restore → delivery {took:?}");
+    assert!(took < Duration::from_secs(5), "after the outage: {took:?}");
+    app.teardown().await;
+}
+
+per_backend!(events_inserted_during_an_outage_arrive_soon_after_it: postgres, mariadb);
+
+/// The JSON log lines of `relay` whose message starts with `prefix`.
+fn log_lines(relay: &RelayProcess, prefix: &str) -> Vec<serde_json::Value> {
+    relay
+        .log_text()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| {
+            line["message"]
+                .as_str()
+                .is_some_and(|message| message.starts_with(prefix))
+        })
+        .collect()
+}
+
+/// Waits for every one of `ids` at the broker (polling delivers them within `deadline`).
+async fn expect_delivered(app: &TestApp, ids: &[String], deadline: Duration) {
+    eventually(&format!("{} events delivered", ids.len()), deadline, || {
+        let received = app.broker.received();
+        std::future::ready(
+            ids.iter()
+                .all(|id| received.iter().any(|message| &message.message_id == id)),
+        )
+    })
+    .await;
+}
+
+/// The LISTEN connection (`database.listen_url`) is refused every time: the relay polls
+/// (200 ms) and says so once, not once per attempt.
+#[actix_rt::test]
+async fn an_unavailable_listen_connection_falls_back_to_polling_with_one_warning() {
+    let refusing = FaultProxy::start(local(5432)).await;
+    refusing.go_down();
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.database.listen_url = format!("postgres://postgres@{}/test", refusing.addr);
+            settings.relay.poll_interval = "200ms".into();
+            settings.log.format = "json".into();
+        })
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let id = format!("polled-{n}");
+        outbox_tests::seed(&app.database, &[event(&id, "polled")]).await;
+        ids.push(id);
+    }
+    // Several attempts: the first and at least three retries of the listener's backoff.
+    eventually(
+        "four attempts at the LISTEN connection",
+        Duration::from_secs(30),
+        || std::future::ready(refusing.refused() >= 4),
+    )
+    .await;
+    expect_delivered(&app, &ids, Duration::from_secs(10)).await;
+
+    let warnings = log_lines(&relay, "insert wake-ups unavailable");
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one warning over {} attempts; log:\n{}",
+        refusing.refused(),
+        relay.log_text()
+    );
+    assert_eq!(warnings[0]["level"], "WARN", "{}", warnings[0]);
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}
+
+/// Debug lines of the relay's own crates (where a feed says it started), as JSON.
+const FEED_LOGS: &str = "info,outbox_store=debug,outbox_relay=debug,outbox_cli=debug";
+
+/// `database.probe = false` switches SQLite's wake-ups off: no feed starts, and polling
+/// (200 ms) still delivers.
+#[actix_rt::test]
+async fn with_the_probe_off_sqlite_polls_and_starts_no_feed() {
+    let app = TestApp::on(Backend::Sqlite)
+        .settings(|settings| {
+            settings.database.probe = false;
+            settings.relay.poll_interval = "200ms".into();
+            settings.log.format = "json".into();
+            settings.log.level = FEED_LOGS.into();
+        })
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    let ids: Vec<String> = (0..3).map(|n| format!("polled-{n}")).collect();
+    for id in &ids {
+        outbox_tests::seed(&app.database, &[event(id, "polled")]).await;
+    }
+    expect_delivered(&app, &ids, Duration::from_secs(10)).await;
+    // A feed starts with the relay, before its first claim: it would have said so by now.
+    let started = log_lines(&relay, "listening for inserts");
+    assert!(started.is_empty(), "a feed started: {started:?}");
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}
+
+/// The feed each backend starts, as its debug line names it (`adjust`: more settings).
+async fn starts_feed(
+    backend: Backend,
+    adjust: fn(&mut outbox_cli::settings::Settings),
+    feed: &str,
+) {
+    let app = TestApp::on(backend)
+        .settings(|settings| {
+            settings.log.format = "json".into();
+            settings.log.level = FEED_LOGS.into();
+            adjust(settings);
+        })
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    eventually(
+        &format!("the {feed} feed to start"),
+        Duration::from_secs(10),
+        || std::future::ready(!log_lines(&relay, "listening for inserts").is_empty()),
+    )
+    .await;
+    let started = log_lines(&relay, "listening for inserts");
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0]["feed"], feed, "{}", started[0]);
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}
+
+/// NOTIFY on PostgreSQL, `PRAGMA data_version` on SQLite, the probe on MySQL/MariaDB.
+async fn each_backend_starts_its_own_feed(backend: Backend) {
+    let feed = match backend {
+        Backend::Postgres => "notify",
+        Backend::Sqlite => "data_version",
+        Backend::MySql => "probe",
+    };
+    starts_feed(backend, |_| {}, feed).await;
+}
+
+per_backend!(each_backend_starts_its_own_feed: postgres, sqlite, mariadb);
+
+#[actix_rt::test]
+async fn postgres_without_notify_starts_the_probe() {
+    starts_feed(
+        Backend::Postgres,
+        |settings| settings.database.notify = false,
+        "probe",
+    )
+    .await;
+}
