@@ -1,5 +1,6 @@
 //! [`DataVersionFeed`]: notices commits to a SQLite database by `PRAGMA data_version`.
 
+use super::database;
 use async_trait::async_trait;
 use outbox_core::{InsertFeed, StoreError};
 use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
@@ -42,10 +43,6 @@ impl DataVersionFeed {
             connection: None,
         }
     }
-}
-
-fn database(error: sea_orm::sqlx::Error) -> StoreError {
-    StoreError::Database(error.to_string())
 }
 
 async fn data_version(connection: &mut SqliteConnection) -> Result<i64, StoreError> {

@@ -2,6 +2,7 @@
 //! channel named after the table on every insert; [`PgInsertFeed`] LISTENs to it, so the
 //! relay claims at once instead of at the next poll. Polling stays as the fallback.
 
+use super::database;
 use crate::sql::TableName;
 use async_trait::async_trait;
 use outbox_core::{InsertFeed, StoreError};
@@ -37,10 +38,6 @@ impl PgInsertFeed {
             listener: None,
         }
     }
-}
-
-fn database(error: sea_orm::sqlx::Error) -> StoreError {
-    StoreError::Database(error.to_string())
 }
 
 #[async_trait]

@@ -13,7 +13,7 @@ pub mod probe;
 
 use crate::dialect::Dialect;
 use crate::SeaOrmStore;
-use outbox_core::InsertFeed;
+use outbox_core::{InsertFeed, StoreError};
 use std::time::Duration;
 
 /// Which wake-ups the settings allow.
@@ -48,4 +48,9 @@ impl SeaOrmStore {
             }
         }
     }
+}
+
+/// A feed's failure, as the port carries it: the driver's text.
+fn database(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Database(error.to_string())
 }

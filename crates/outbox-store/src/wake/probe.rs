@@ -1,6 +1,7 @@
 //! [`MaxIdProbe`]: notices new rows by the table's highest id, where nothing announces
 //! them (MySQL/MariaDB; PostgreSQL without LISTEN, e.g. behind PgBouncer).
 
+use super::database;
 use crate::SeaOrmStore;
 use async_trait::async_trait;
 use outbox_core::{InsertFeed, StoreError};
@@ -40,11 +41,11 @@ impl MaxIdProbe {
         let row = db
             .query_one(Statement::from_string(db.get_database_backend(), sql))
             .await
-            .map_err(|error| StoreError::Database(error.to_string()))?;
+            .map_err(database)?;
         let max = row
             .map(|row| row.try_get_by_index::<Option<i64>>(0))
             .transpose()
-            .map_err(|error| StoreError::Database(error.to_string()))?;
+            .map_err(database)?;
         Ok(max.flatten().unwrap_or(0))
     }
 }
