@@ -77,7 +77,7 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
     database.wait_all_published(Duration::from_secs(120)).await;
     second.stop(Duration::from_secs(5)).await;
 
-    let deliveries = broker.wait_for(EVENTS, Duration::from_secs(30)).await;
+    let deliveries = broker.wait_for_each(&seeded, Duration::from_secs(30)).await;
     let duplicates = outbox_tests::assert_every_event_delivered(&deliveries, &seeded);
     println!(
         "sigterm test: {published} published before SIGTERM (in {took:?}), {} deliveries for {EVENTS} events, {duplicates} duplicates",

@@ -39,7 +39,7 @@ async fn amqps_with_the_ca_file_delivers_every_event() {
 
     let received = app
         .broker
-        .wait_for(seeded.len(), Duration::from_secs(10))
+        .wait_for_each(&seeded, Duration::from_secs(10))
         .await;
     outbox_tests::assert_every_event_delivered(&received, &seeded);
     let _ = std::fs::remove_file(ca_file);
@@ -148,7 +148,7 @@ async fn postgres_is_plain_by_default_and_tls_with_sslmode_require() {
     app.stop().await;
     let received = app
         .broker
-        .wait_for(seeded.len(), Duration::from_secs(10))
+        .wait_for_each(&seeded, Duration::from_secs(10))
         .await;
     outbox_tests::assert_every_event_delivered(&received, &seeded);
     app.teardown().await;

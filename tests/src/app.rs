@@ -6,7 +6,6 @@ use crate::relay::InProcessRelay;
 use crate::{assert_every_event_delivered, seed, unique_name, Backend, TestBroker, TestDatabase};
 use outbox_cli::settings::{Config, Settings};
 use outbox_store::NewEvent;
-use std::collections::HashSet;
 use std::time::Duration;
 
 /// Settings for a relay on `database` and `broker`, fast enough for tests, adjusted by
@@ -173,19 +172,12 @@ impl TestApp {
 
     /// Waits (30 s at most) until every one of `events` arrived, checks that each room's
     /// first deliveries came in id order, and prints the count of duplicates for `test`;
-    /// returns that count. It waits for each event, not for a count of deliveries: after a
-    /// crash, duplicates can make up the count while the last events are still on their way.
+    /// returns that count.
     pub async fn expect_every_event(&self, test: &str, events: &[NewEvent]) -> usize {
-        let until = tokio::time::Instant::now() + Duration::from_secs(30);
-        let received = loop {
-            let received = self.broker.received();
-            let arrived: HashSet<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
-            let all = events.iter().all(|e| arrived.contains(e.event_id.as_str()));
-            if all || tokio::time::Instant::now() >= until {
-                break received;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let received = self
+            .broker
+            .wait_for_each(events, Duration::from_secs(30))
+            .await;
         // Names the first event still missing, if any.
         let duplicates = assert_every_event_delivered(&received, events);
         println!(

@@ -161,6 +161,28 @@ impl TestBroker {
         self.received()
     }
 
+    /// Waits (at most `deadline`) until each of `events` has arrived at least once, and
+    /// returns every delivery so far; on time-out it returns what arrived, so the caller's
+    /// check names what is missing. Not a count of deliveries: duplicates (after a crash or
+    /// a retry) could make up a count while the last events are still on their way.
+    pub async fn wait_for_each(
+        &self,
+        events: &[outbox_store::NewEvent],
+        deadline: Duration,
+    ) -> Vec<Received> {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let received = self.received();
+            let arrived: std::collections::HashSet<&str> =
+                received.iter().map(|r| r.message_id.as_str()).collect();
+            let all = events.iter().all(|e| arrived.contains(e.event_id.as_str()));
+            if all || tokio::time::Instant::now() >= until {
+                return received;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Deletes the exchange (the queue goes with the connection) and closes the connection.
     pub async fn close(self) {
         let _ = delete_exchange(self.tap.channel(), &self.exchange).await;
