@@ -35,17 +35,14 @@ impl SeaOrmStore {
         let table = self.table().clone();
         match (Dialect::of(self.connection()), &wake_ups.listen_url) {
             (Dialect::Postgres, Some(url)) => Some(Box::new(listen::PgInsertFeed::new(url, table))),
-            (Dialect::Postgres | Dialect::MySql, None) | (Dialect::MySql, Some(_)) => {
-                let interval = wake_ups.probe_interval?;
-                Some(Box::new(probe::MaxIdProbe::new(self.clone(), interval)))
-            }
-            (Dialect::Sqlite, _) => {
-                let interval = wake_ups.probe_interval?;
-                Some(Box::new(data_version::DataVersionFeed::new(
-                    &wake_ups.url,
-                    interval,
-                )))
-            }
+            (Dialect::Sqlite, _) => Some(Box::new(data_version::DataVersionFeed::new(
+                &wake_ups.url,
+                wake_ups.probe_interval?,
+            ))),
+            (Dialect::Postgres | Dialect::MySql, _) => Some(Box::new(probe::MaxIdProbe::new(
+                self.clone(),
+                wake_ups.probe_interval?,
+            ))),
         }
     }
 }
