@@ -5,28 +5,28 @@ use crate::unique_name;
 use outbox_cli::settings::{Config, Settings};
 use std::time::Duration;
 
-/// The settings as `OUTBOX_RELAY__…` variables, for running the binary.
+/// The settings as `OUTBOX_RELAY__…` variables, for running the binary: one variable per
+/// key, nested sections (`[database.columns]`) as `OUTBOX_RELAY__DATABASE__COLUMNS__KEY`.
+/// A list (`[[amqp.routes]]`) is one variable holding its JSON.
 pub fn settings_env(settings: &Settings) -> Vec<(String, String)> {
     let value = serde_json::to_value(settings).expect("settings serialise");
     let mut env = Vec::new();
-    for (section, keys) in value.as_object().expect("an object") {
-        for (key, value) in keys.as_object().expect("sections are objects") {
-            let text = match value {
-                serde_json::Value::String(text) => text.clone(),
-                serde_json::Value::Array(items) if items.is_empty() => continue,
-                other => other.to_string(),
-            };
-            env.push((
-                format!(
-                    "OUTBOX_RELAY__{}__{}",
-                    section.to_uppercase(),
-                    key.to_uppercase()
-                ),
-                text,
-            ));
-        }
-    }
+    push_env(&mut env, "OUTBOX_RELAY", &value);
     env
+}
+
+fn push_env(env: &mut Vec<(String, String)>, prefix: &str, value: &serde_json::Value) {
+    match value {
+        serde_json::Value::Object(keys) => {
+            for (key, value) in keys {
+                push_env(env, &format!("{prefix}__{}", key.to_uppercase()), value);
+            }
+        }
+        serde_json::Value::Array(items) if items.is_empty() => {}
+        serde_json::Value::String(text) => env.push((prefix.to_owned(), text.clone())),
+        serde_json::Value::Null => {}
+        other => env.push((prefix.to_owned(), other.to_string())),
+    }
 }
 
 /// A relay running in the test's own actix system, as `outbox-relay run` would run it.
