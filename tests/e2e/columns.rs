@@ -532,3 +532,33 @@ per_backend!(tables_of_the_old_migration_path_are_left_alone: postgres, mariadb,
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02X}")).collect()
 }
+
+/// MySQL cannot index a TEXT key without a prefix: `migrate` says so, naming the setting,
+/// and changes nothing.
+async fn a_text_key_on_mysql_is_refused_by_name(backend: Backend) {
+    let fixture = Fixture::new(backend).await;
+    fixture
+        .execute(
+            "CREATE TABLE {t} (id CHAR(36) NOT NULL PRIMARY KEY, aggregateid TEXT NOT NULL, \
+             type VARCHAR(255) NOT NULL, payload LONGTEXT)",
+        )
+        .await;
+    let before = fixture.shape_of(fixture.table.as_str()).await;
+    let columns = debezium_columns(fixture.backend());
+    let error = outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &columns)
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("columns.key: column \"aggregateid\" is a TEXT or BLOB column"),
+        "{text}"
+    );
+    assert_eq!(
+        fixture.shape_of(fixture.table.as_str()).await,
+        before,
+        "nothing added"
+    );
+    fixture.finish().await;
+}
+
+per_backend!(a_text_key_on_mysql_is_refused_by_name: mariadb);
