@@ -84,8 +84,14 @@ impl SeaOrmStore {
     /// (the table was migrated). On success the store reads each mapped column the way
     /// its type needs (a `jsonb` payload as its text, `bytea` as bytes).
     /// [`Error::NoTable`] when the table does not exist, [`Error::Mapping`] with every
-    /// problem found.
+    /// problem of the mapping found, [`Error::NotMigrated`] when the mapping fits but the
+    /// table lacks bookkeeping columns (a producer's table that `migrate` has yet to adopt;
+    /// a position, headers or created_at column it would add is not counted as missing).
     pub async fn check_columns(&mut self) -> Result<(), Error> {
+        self.columns.validate().map_err(|problems| Error::Mapping {
+            table: self.table.clone(),
+            problems,
+        })?;
         let dialect = self.dialect();
         let Some(shape) = TableShape::read(&self.db, self.table.as_str()).await? else {
             return Err(Error::NoTable(self.table.clone()));
