@@ -3,6 +3,9 @@
 
 /// `--help` and `--version`.
 mod cli;
+/// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
+/// migrated in place, `plan` as a dry run, `check_columns`' errors.
+mod columns;
 /// Every event once, byte for byte, with the contract's properties, in room order.
 mod delivery;
 /// Unroutable events, hold-back per room, retries and dead events.

@@ -100,7 +100,7 @@ mod tests {
             event_id: "ev-7".into(),
             event_type: "room.created".into(),
             room_id: "r1".into(),
-            envelope: "{}".into(),
+            envelope: b"{}".to_vec(),
             headers: headers.map(str::to_owned),
             retry_count: 2,
             created_at: chrono::Utc.timestamp_opt(1_700_000_000, 0).unwrap(),

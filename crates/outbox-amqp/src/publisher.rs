@@ -81,7 +81,7 @@ impl EventPublisher for AmqpPublisher {
             exchange.into(),
             routing_key.as_str().into(),
             options,
-            record.envelope.as_bytes(),
+            &record.envelope,
             properties,
         );
         let confirm = timeout_at(deadline, handed_off)

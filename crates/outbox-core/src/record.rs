@@ -15,8 +15,9 @@ pub struct OutboxRecord {
     pub event_type: String,
     /// Ordering key; AMQP header `room_id`.
     pub room_id: String,
-    /// The message body, published byte for byte.
-    pub envelope: String,
+    /// The message body, published byte for byte (the payload column's bytes; a JSON
+    /// column's text form).
+    pub envelope: Vec<u8>,
     /// Optional JSON object of string values, copied into the AMQP headers.
     pub headers: Option<String>,
     /// Failed attempts before this one.

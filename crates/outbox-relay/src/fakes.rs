@@ -22,7 +22,7 @@ pub fn record(id: i64, room: &str) -> OutboxRecord {
         event_id: format!("{room}{id}"),
         event_type: "room.test".into(),
         room_id: room.into(),
-        envelope: "{}".into(),
+        envelope: b"{}".to_vec(),
         headers: None,
         retry_count: 0,
         created_at: Utc::now(),

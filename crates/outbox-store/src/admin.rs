@@ -54,21 +54,34 @@ impl SeaOrmStore {
         limit: u64,
     ) -> Result<Vec<DeadEvent>, Error> {
         let t = self.table();
+        let reads = self.reads();
         let mut params = Params::new(self.dialect());
         let mut conditions = String::new();
         if let Some(room) = &filter.room {
-            conditions.push_str(&format!(" AND room_id = {}", params.bind(room.as_str())));
+            conditions.push_str(&format!(
+                " AND {} = {}",
+                reads.key_text,
+                params.bind(room.as_str())
+            ));
         }
         if let Some(event_type) = &filter.event_type {
             conditions.push_str(&format!(
-                " AND event_type = {}",
+                " AND {} = {}",
+                reads.event_type,
                 params.bind(event_type.as_str())
             ));
         }
         let limit = params.bind(i64::try_from(limit).unwrap_or(i64::MAX));
         DeadEvent::find_by_statement(params.statement(format!(
-            "SELECT id, event_id, event_type, room_id, retry_count, last_error, created_at \
-             FROM {t} WHERE status = {DEAD}{conditions} ORDER BY id LIMIT {limit}"
+            "SELECT {} AS id, {} AS event_id, {} AS event_type, {} AS room_id, retry_count, \
+             last_error, {} AS created_at FROM {t} WHERE status = {DEAD}{conditions} \
+             ORDER BY {} LIMIT {limit}",
+            reads.position_value(&reads.position),
+            reads.event_id,
+            reads.event_type,
+            reads.key_text,
+            reads.created_at,
+            reads.position,
         )))
         .all(self.connection())
         .await
@@ -79,6 +92,7 @@ impl SeaOrmStore {
     /// `last_error` kept for the record. Returns how many rows changed.
     pub async fn requeue_dead(&self, which: &Requeue) -> Result<u64, Error> {
         let t = self.table();
+        let reads = self.reads();
         let mut params = Params::new(self.dialect());
         let now = params.bind_time(Utc::now());
         let filter = match which {
@@ -89,9 +103,11 @@ impl SeaOrmStore {
                     .map(|id| params.bind(id.as_str()))
                     .collect::<Vec<_>>()
                     .join(", ");
-                format!(" AND event_id IN ({list})")
+                format!(" AND {} IN ({list})", reads.event_id)
             }
-            Requeue::Room(room) => format!(" AND room_id = {}", params.bind(room.as_str())),
+            Requeue::Room(room) => {
+                format!(" AND {} = {}", reads.key_text, params.bind(room.as_str()))
+            }
             Requeue::All => String::new(),
         };
         let result = self

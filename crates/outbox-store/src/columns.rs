@@ -226,6 +226,8 @@ pub enum MappingProblem {
     Bookkeeping,
     /// Another setting names the same column.
     NamedTwice(ColumnSetting),
+    /// The backend cannot make the column serve this setting (why, and what to do).
+    Unsupported(&'static str),
 }
 
 impl fmt::Display for MappingProblem {
@@ -239,6 +241,7 @@ impl fmt::Display for MappingProblem {
                 f.write_str("is one of the relay's bookkeeping columns; name a producer's column")
             }
             MappingProblem::NamedTwice(first) => write!(f, "is already named by {first}"),
+            MappingProblem::Unsupported(why) => f.write_str(why),
         }
     }
 }

@@ -27,6 +27,18 @@ pub enum Error {
         "table {0} does not exist; run `outbox-relay migrate` (or set database.migrate_on_start)"
     )]
     NoTable(TableName),
+    /// The table lacks some of the relay's bookkeeping columns: it is a producer's table
+    /// that `migrate` has not adopted yet.
+    #[error(
+        "table {table} lacks the relay's columns {}; run `outbox-relay migrate`",
+        missing.join(", ")
+    )]
+    NotMigrated {
+        /// The table.
+        table: TableName,
+        /// The bookkeeping columns it lacks.
+        missing: Vec<&'static str>,
+    },
     /// The column mapping does not fit the table: every problem found.
     #[error("table {table}: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Mapping {

@@ -20,6 +20,8 @@
 //!   [`insert_events`] in bulk (the demo, tests).
 //! - [`retention`]: deleting finished rows in bounded batches (the Janitor, `purge`).
 //! - [`row`]: rows as statements read them.
+//! - `shape.rs`: a table's columns and types as the database describes them; `reads.rs`:
+//!   how statements read the mapped columns (casts where a type needs one).
 
 pub mod admin;
 mod claim;
@@ -30,8 +32,10 @@ pub mod error;
 mod mark;
 pub mod migration;
 pub mod producer;
+mod reads;
 pub mod retention;
 pub mod row;
+mod shape;
 pub mod sql;
 mod stats;
 pub mod store;

@@ -17,6 +17,7 @@ impl SeaOrmStore {
     pub(crate) async fn mark_batch(&self, node_id: &str, batch: &MarkBatch) -> Result<(), DbErr> {
         let dialect = self.dialect();
         let t = self.table();
+        let p = &self.reads().position;
         let now = Utc::now();
         let mut statements: Vec<(Params, String)> = Vec::with_capacity(4);
         if !batch.published.is_empty() {
@@ -26,20 +27,20 @@ impl SeaOrmStore {
             let ids = params.any_of(&batch.published);
             let sql = format!(
                 "UPDATE {t} SET status = {PUBLISHED}, published_at = {at}, locked_by = NULL, \
-                 locked_until = NULL WHERE id {ids} AND status <> {PUBLISHED}"
+                 locked_until = NULL WHERE {p} {ids} AND status <> {PUBLISHED}"
             );
             statements.push((params, sql));
         }
         if !batch.retried.is_empty() {
             let mut params = Params::new(dialect);
-            let mut errors = String::from("CASE id");
+            let mut errors = format!("CASE {p}");
             for (failure, _) in &batch.retried {
                 let id = params.bind(failure.id);
                 let error = params.bind(failure.error.as_str());
                 errors.push_str(&format!(" WHEN {id} THEN {error}"));
             }
             errors.push_str(" END");
-            let mut available = String::from("CASE id");
+            let mut available = format!("CASE {p}");
             for (failure, at) in &batch.retried {
                 let id = params.bind(failure.id);
                 let at = params.bind_time(*at);
@@ -56,13 +57,13 @@ impl SeaOrmStore {
             let sql = format!(
                 "UPDATE {t} SET retry_count = retry_count + 1, last_error = {errors}, \
                  available_at = {available}, locked_by = NULL, locked_until = NULL \
-                 WHERE id {ids} AND status = {PENDING} AND locked_by = {node}"
+                 WHERE {p} {ids} AND status = {PENDING} AND locked_by = {node}"
             );
             statements.push((params, sql));
         }
         if !batch.dead.is_empty() {
             let mut params = Params::new(dialect);
-            let mut errors = String::from("CASE id");
+            let mut errors = format!("CASE {p}");
             for failure in &batch.dead {
                 let id = params.bind(failure.id);
                 let error = params.bind(failure.error.as_str());
@@ -75,7 +76,7 @@ impl SeaOrmStore {
             let sql = format!(
                 "UPDATE {t} SET status = {DEAD}, retry_count = retry_count + 1, \
                  last_error = {errors}, locked_by = NULL, locked_until = NULL \
-                 WHERE id {ids} AND status = {PENDING} AND locked_by = {node}"
+                 WHERE {p} {ids} AND status = {PENDING} AND locked_by = {node}"
             );
             statements.push((params, sql));
         }
@@ -85,7 +86,7 @@ impl SeaOrmStore {
             let node = params.bind(node_id);
             let sql = format!(
                 "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
-                 WHERE id {ids} AND status = {PENDING} AND locked_by = {node}"
+                 WHERE {p} {ids} AND status = {PENDING} AND locked_by = {node}"
             );
             statements.push((params, sql));
         }

@@ -4,8 +4,9 @@
 //! statement names the table through [`crate::TableName`] and reads rows into these
 //! structs with [`FromQueryResult`].
 
+use crate::reads::{PayloadDecode, Reads};
 use chrono::{DateTime, Utc};
-use sea_orm::FromQueryResult;
+use sea_orm::{DbErr, FromQueryResult, QueryResult};
 
 /// One whole row of the outbox table (`SELECT *`: tests and tools).
 #[derive(Clone, Debug, PartialEq, Eq, FromQueryResult)]
@@ -40,10 +41,11 @@ pub struct OutboxRow {
     pub published_at: Option<DateTime<Utc>>,
 }
 
-/// The columns a claim returns: what the relay needs to publish and log one event.
-#[derive(Clone, Debug, PartialEq, Eq, FromQueryResult)]
+/// The columns a claim returns: what the relay needs to publish and log one event. The
+/// mapped columns are read under these names (`crate::reads::Reads::claimed_columns`).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimedRow {
-    /// Row id.
+    /// The row's position (insert order).
     pub id: i64,
     /// AMQP `message_id`.
     pub event_id: String,
@@ -51,14 +53,44 @@ pub struct ClaimedRow {
     pub event_type: String,
     /// Ordering key.
     pub room_id: String,
-    /// Body.
-    pub envelope: String,
+    /// Body, byte for byte.
+    pub envelope: Vec<u8>,
     /// Extra headers (JSON).
     pub headers: Option<String>,
     /// Failed attempts so far.
     pub retry_count: i32,
     /// Commit time of the producer.
     pub created_at: DateTime<Utc>,
+}
+
+impl ClaimedRow {
+    /// Reads one row of a claim written with `reads`.
+    pub(crate) fn read(row: &QueryResult, reads: &Reads) -> Result<Self, DbErr> {
+        let envelope = match reads.payload_decode {
+            PayloadDecode::Text => row.try_get::<String>("", "envelope")?.into_bytes(),
+            PayloadDecode::Bytes => row.try_get::<Vec<u8>>("", "envelope")?,
+        };
+        let headers = if reads.has_headers() {
+            row.try_get("", "headers")?
+        } else {
+            None
+        };
+        Ok(Self {
+            id: row.try_get("", "id")?,
+            event_id: row.try_get("", "event_id")?,
+            event_type: row.try_get("", "event_type")?,
+            room_id: row.try_get("", "room_id")?,
+            envelope,
+            headers,
+            retry_count: row.try_get("", "retry_count")?,
+            created_at: row.try_get("", "created_at")?,
+        })
+    }
+
+    /// Reads every row of a claim written with `reads`.
+    pub(crate) fn read_all(rows: &[QueryResult], reads: &Reads) -> Result<Vec<Self>, DbErr> {
+        rows.iter().map(|row| Self::read(row, reads)).collect()
+    }
 }
 
 impl From<ClaimedRow> for outbox_core::OutboxRecord {

@@ -54,6 +54,9 @@ pub(crate) enum Index {
     Retention,
     /// A room's pending rows in id order: the per-room claim's probe.
     PendingRoom,
+    /// PostgreSQL: the unique index on a position column that `migrate` added to an
+    /// adopted table (outcomes find their rows by position).
+    Position,
 }
 
 impl Index {
@@ -63,6 +66,7 @@ impl Index {
             Index::Room => "room_idx",
             Index::Retention => "retention_idx",
             Index::PendingRoom => "pending_room_idx",
+            Index::Position => "position_idx",
         }
     }
 }

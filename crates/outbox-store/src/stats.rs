@@ -32,7 +32,8 @@ impl SeaOrmStore {
         }
         let oldest = db
             .query_one(Params::new(dialect).statement(format!(
-                "SELECT MIN(created_at) AS oldest FROM {t} WHERE status = {PENDING}"
+                "SELECT MIN({}) AS oldest FROM {t} WHERE status = {PENDING}",
+                self.reads().created_at
             )))
             .await?;
         if let Some(row) = oldest {
@@ -76,7 +77,8 @@ impl SeaOrmStore {
         let t = self.table();
         let hint = dialect.index_hint(t, Index::Pending);
         let sql = format!(
-            "SELECT COUNT(*) AS n, MIN(created_at) AS oldest FROM {t}{hint} WHERE status = {PENDING}"
+            "SELECT COUNT(*) AS n, MIN({}) AS oldest FROM {t}{hint} WHERE status = {PENDING}",
+            self.reads().created_at
         );
         let now = Utc::now();
         let statement = Params::new(dialect).statement(sql);

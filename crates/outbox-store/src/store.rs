@@ -1,9 +1,12 @@
 //! [`SeaOrmStore`]: the [`OutboxStore`] port on a sea-orm connection pool. The statements
 //! live beside it: `claim/`, `mark.rs`, `stats.rs`, `retention.rs`.
 
-use crate::columns::Columns;
+use crate::columns::{Columns, MappingProblem, BOOKKEEPING};
 use crate::dialect::Dialect;
 use crate::error::Error;
+use crate::migration;
+use crate::reads::Reads;
+use crate::shape::TableShape;
 use crate::sql::TableName;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -46,21 +49,27 @@ pub struct SeaOrmStore {
     db: DatabaseConnection,
     table: TableName,
     columns: Columns,
+    /// How the statements read the mapped columns (casts learned by `check_columns`).
+    reads: Reads,
 }
 
 impl SeaOrmStore {
     /// A store for `table` on an open connection pool, with the relay's own column names.
     pub fn new(db: DatabaseConnection, table: TableName) -> Self {
+        let columns = Columns::default();
+        let reads = Reads::plain(Dialect::of(&db), &columns);
         Self {
             db,
             table,
-            columns: Columns::default(),
+            columns,
+            reads,
         }
     }
 
     /// The same store reading the producer's columns as `columns` names them. Call
     /// [`SeaOrmStore::check_columns`] before relaying: it learns the columns' types.
     pub fn with_columns(mut self, columns: Columns) -> Self {
+        self.reads = Reads::plain(self.dialect(), &columns);
         self.columns = columns;
         self
     }
@@ -75,9 +84,64 @@ impl SeaOrmStore {
     /// (the table was migrated). On success the store reads each mapped column the way
     /// its type needs (a `jsonb` payload as its text, `bytea` as bytes).
     /// [`Error::NoTable`] when the table does not exist, [`Error::Mapping`] with every
-    /// problem found.
+    /// problem of the mapping found, [`Error::NotMigrated`] when the mapping fits but the
+    /// table lacks bookkeeping columns (a producer's table that `migrate` has yet to adopt;
+    /// a position, headers or created_at column it would add is not counted as missing).
     pub async fn check_columns(&mut self) -> Result<(), Error> {
-        Ok(())
+        self.columns.validate().map_err(|problems| Error::Mapping {
+            table: self.table.clone(),
+            problems,
+        })?;
+        let dialect = self.dialect();
+        let Some(shape) = TableShape::read(&self.db, self.table.as_str()).await? else {
+            return Err(Error::NoTable(self.table.clone()));
+        };
+        let reads = Reads::checked(dialect, &self.table, &self.columns, &shape);
+        let unmigrated: Vec<&'static str> = BOOKKEEPING
+            .into_iter()
+            .filter(|column| !shape.has(column))
+            .collect();
+        match reads {
+            Ok(reads) if unmigrated.is_empty() => {
+                self.reads = reads;
+                Ok(())
+            }
+            Ok(_) => Err(Error::NotMigrated {
+                table: self.table.clone(),
+                missing: unmigrated,
+            }),
+            Err(problems) => {
+                // `migrate` adds a missing position, headers or created_at column: on a
+                // table it has yet to adopt, only the other problems are the mapping's.
+                let problems: Vec<_> = if unmigrated.is_empty() {
+                    problems
+                } else {
+                    problems
+                        .into_iter()
+                        .filter(|problem| {
+                            !(matches!(problem.problem, MappingProblem::Missing { .. })
+                                && migration::adds(problem.setting))
+                        })
+                        .collect()
+                };
+                if problems.is_empty() {
+                    Err(Error::NotMigrated {
+                        table: self.table.clone(),
+                        missing: unmigrated,
+                    })
+                } else {
+                    Err(Error::Mapping {
+                        table: self.table.clone(),
+                        problems,
+                    })
+                }
+            }
+        }
+    }
+
+    /// How statements read the mapped columns.
+    pub(crate) fn reads(&self) -> &Reads {
+        &self.reads
     }
 
     /// The connection pool (for producers in tests and the demo).

@@ -8,6 +8,7 @@ mod postgres;
 mod sqlite;
 
 use crate::dialect::{Dialect, Params};
+use crate::reads::Reads;
 use crate::row::ClaimedRow;
 use crate::sql::{Index, TableName, PENDING};
 use crate::store::SeaOrmStore;
@@ -24,6 +25,7 @@ impl SeaOrmStore {
         let claim = Claim {
             dialect: self.dialect(),
             table: self.table(),
+            reads: self.reads(),
             request,
             now: Utc::now(),
         };
@@ -36,14 +38,12 @@ impl SeaOrmStore {
     }
 }
 
-/// The columns of [`ClaimedRow`].
-const COLUMNS: &str =
-    "id, event_id, event_type, room_id, envelope, headers, retry_count, created_at";
-
 /// One claim: what every backend's statements are built from.
 struct Claim<'a> {
     dialect: Dialect,
     table: &'a TableName,
+    /// The mapped columns.
+    reads: &'a Reads,
     request: &'a ClaimRequest,
     /// The claim's clock: what is publishable, and when the leases end.
     now: DateTime<Utc>,
@@ -55,9 +55,11 @@ impl Claim<'_> {
         let Self {
             dialect,
             table,
+            reads,
             request,
             now,
         } = *self;
+        let (key, position) = (&reads.key, &reads.position);
         let mut sql = format!(
             "c.status = {PENDING} AND {} <= {} AND (c.locked_until IS NULL OR {} < {})",
             dialect.time("c.available_at"),
@@ -84,8 +86,8 @@ impl Claim<'_> {
             let hint = dialect.index_hint(table, Index::PendingRoom);
             let fence = dialect.probe_fence();
             sql.push_str(&format!(
-                " AND NOT EXISTS (SELECT 1 FROM {table} e{hint} WHERE e.room_id = c.room_id \
-                 AND e.status = {PENDING} AND e.id < c.id \
+                " AND NOT EXISTS (SELECT 1 FROM {table} e{hint} WHERE e.{key} = c.{key} \
+                 AND e.status = {PENDING} AND e.{position} < c.{position} \
                  AND ({waiting} OR ({leased} AND e.locked_by <> {node})){fence})"
             ));
         }
@@ -95,7 +97,13 @@ impl Claim<'_> {
     /// `UPDATE … RETURNING` that leases the claimable rows to the claiming node
     /// (PostgreSQL and SQLite; MySQL has no `RETURNING`).
     fn lease_returning(&self) -> Statement {
-        let Self { dialect, table, .. } = *self;
+        let Self {
+            dialect,
+            table,
+            reads,
+            ..
+        } = *self;
+        let position = &reads.position;
         let mut params = Params::new(dialect);
         let node = params.bind(self.request.node_id.as_str());
         let until = params.bind_time(self.lease_end());
@@ -104,12 +112,14 @@ impl Claim<'_> {
         let hint = dialect.index_hint(table, Index::Pending);
         let lock = dialect.skip_locked();
         let candidates = format!(
-            "SELECT c.id FROM {table} c{hint} WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}"
+            "SELECT c.{position} FROM {table} c{hint} WHERE {claimable} ORDER BY c.{position} \
+             LIMIT {limit}{lock}"
         );
         let ids = dialect.in_subquery(&candidates);
         let sql = format!(
-            "UPDATE {table} SET locked_by = {node}, locked_until = {until} WHERE id {ids} \
-             RETURNING {COLUMNS}"
+            "UPDATE {table} SET locked_by = {node}, locked_until = {until} WHERE {position} {ids} \
+             RETURNING {}",
+            reads.claimed_columns()
         );
         params.statement(sql)
     }

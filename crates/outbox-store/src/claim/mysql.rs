@@ -1,14 +1,12 @@
 //! The claim on MySQL/MariaDB, which has neither `UPDATE … RETURNING` nor `LIMIT` in an
 //! `IN` subquery of the updated table: select, then update, in one transaction.
 
-use super::{take_claim_lock, Claim, COLUMNS};
+use super::{take_claim_lock, Claim};
 use crate::dialect::Params;
 use crate::row::ClaimedRow;
 use crate::sql::{Index, PENDING};
 use outbox_core::Ordering;
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbErr, FromQueryResult, IsolationLevel, TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, IsolationLevel, TransactionTrait};
 use std::collections::HashSet;
 
 pub(super) async fn claim(
@@ -18,9 +16,11 @@ pub(super) async fn claim(
     let Claim {
         dialect,
         table: t,
+        reads,
         request,
         ..
     } = *claim;
+    let position = &reads.position;
     // Per-room claims: serialised by the claim lock, candidates read without row locks
     // (InnoDB's snapshot starts at the first plain read, after the lock, so it holds every
     // earlier claim). Locking reads were the slow part, and MariaDB's `SKIP LOCKED` also
@@ -44,11 +44,11 @@ pub(super) async fn claim(
     let limit = params.bind(claim.limit());
     let hint = dialect.index_hint(t, Index::Pending);
     let sql = format!(
-        "SELECT {COLUMNS} FROM {t} c{hint} WHERE {claimable} ORDER BY c.id LIMIT {limit}{lock}"
+        "SELECT {} FROM {t} c{hint} WHERE {claimable} ORDER BY c.{position} LIMIT {limit}{lock}",
+        reads.claimed_columns()
     );
-    let mut rows = ClaimedRow::find_by_statement(params.statement(sql))
-        .all(&txn)
-        .await?;
+    let rows = txn.query_all(params.statement(sql)).await?;
+    let mut rows = ClaimedRow::read_all(&rows, reads)?;
     if !rows.is_empty() {
         let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
         let mut params = Params::new(dialect);
@@ -59,7 +59,7 @@ pub(super) async fn claim(
         // meanwhile, by a node whose lease on it had expired.
         let sql = format!(
             "UPDATE {t} SET locked_by = {node}, locked_until = {until} \
-             WHERE id IN ({list}) AND status = {PENDING}"
+             WHERE {position} IN ({list}) AND status = {PENDING}"
         );
         let updated = txn.execute(params.statement(sql)).await?.rows_affected();
         if updated < rows.len() as u64 {
@@ -69,8 +69,9 @@ pub(super) async fn claim(
             let node = params.bind(request.node_id.as_str());
             let leased: HashSet<i64> = txn
                 .query_all(params.statement(format!(
-                    "SELECT id FROM {t} WHERE id IN ({list}) AND locked_by = {node} \
-                     AND status = {PENDING}"
+                    "SELECT {} AS id FROM {t} WHERE {position} IN ({list}) \
+                     AND locked_by = {node} AND status = {PENDING}",
+                    reads.position_value(position)
                 )))
                 .await?
                 .iter()

@@ -5,7 +5,7 @@ use super::{claim_lock_sql, Claim};
 use crate::dialect::PIN_INDEX_PLAN;
 use crate::row::ClaimedRow;
 use outbox_core::Ordering;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, FromQueryResult, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionTrait};
 
 pub(super) async fn claim(
     db: &DatabaseConnection,
@@ -26,7 +26,8 @@ pub(super) async fn claim(
     }
     let txn = db.begin().await?;
     txn.execute_unprepared(&prelude).await?;
-    let rows = ClaimedRow::find_by_statement(statement).all(&txn).await?;
+    let rows = txn.query_all(statement).await?;
+    let rows = ClaimedRow::read_all(&rows, claim.reads)?;
     txn.commit().await?;
     Ok(rows)
 }

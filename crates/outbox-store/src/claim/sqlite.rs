@@ -4,12 +4,13 @@
 
 use super::Claim;
 use crate::row::ClaimedRow;
-use sea_orm::{DatabaseConnection, DbErr, FromQueryResult};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 
 pub(super) async fn claim(
     db: &DatabaseConnection,
     claim: &Claim<'_>,
 ) -> Result<Vec<ClaimedRow>, DbErr> {
     let statement = claim.lease_returning();
-    ClaimedRow::find_by_statement(statement).all(db).await
+    let rows = db.query_all(statement).await?;
+    ClaimedRow::read_all(&rows, claim.reads)
 }

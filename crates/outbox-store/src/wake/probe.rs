@@ -9,7 +9,7 @@ use sea_orm::{ConnectionTrait, Statement};
 use std::time::Duration;
 use tracing::debug;
 
-/// Every `interval`, `SELECT MAX(id)` through the store's pool: one key at the end of the
+/// Every `interval`, `SELECT MAX(id)` (the position column) through the store's pool: one key at the end of the
 /// primary index (MySQL answers it from the index alone, "Select tables optimized away";
 /// PostgreSQL reads the index's last page), so an idle relay costs the server one trivial
 /// query per interval. A higher id than last seen answers the wait. A row committed after
@@ -37,7 +37,9 @@ impl MaxIdProbe {
 
     async fn max_id(&self) -> Result<i64, StoreError> {
         let db = self.store.connection();
-        let sql = format!("SELECT MAX(id) FROM {}", self.store.table());
+        let reads = self.store.reads();
+        let max = reads.position_value(&format!("MAX({})", reads.position));
+        let sql = format!("SELECT {max} FROM {}", self.store.table());
         let row = db
             .query_one(Statement::from_string(db.get_database_backend(), sql))
             .await

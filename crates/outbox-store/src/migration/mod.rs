@@ -1,28 +1,78 @@
-//! Creates and upgrades the outbox table (docs/design.md#the-outbox-table).
+//! Creates and upgrades the outbox table (docs/design.md#the-outbox-table), or adopts a
+//! producer's existing one.
 //!
 //! Each migration has a name `mYYYYMMDD_NNNNNN_verb_table` and runs once per table;
 //! applied names are kept in `<table>_migrations`. Statements are written per backend
 //! because the nearest equivalent types differ (BIGSERIAL / INTEGER AUTOINCREMENT /
 //! BIGINT AUTO_INCREMENT, TIMESTAMPTZ / DATETIME text / TIMESTAMP(6)) and partial
-//! indexes exist only on PostgreSQL and SQLite.
+//! indexes exist only on PostgreSQL and SQLite. Each step is built from a [`Context`]:
+//! the column mapping and the table as it is when the step runs (read under the
+//! migration lock). `create.rs`: a new table; `adopt.rs`: an existing one.
 
-use crate::columns::Columns;
+mod adopt;
+mod create;
+
+use crate::columns::{ColumnSetting, Columns};
 use crate::dialect::{Dialect, Params};
 use crate::error::Error;
-use crate::sql::{Index, TableName, PENDING};
+use crate::shape::TableShape;
+use crate::sql::TableName;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait};
+
+/// What a migration step's statements are built from.
+pub(crate) struct Context<'a> {
+    /// The backend.
+    dialect: Dialect,
+    /// The outbox table.
+    table: &'a TableName,
+    /// The column mapping.
+    columns: &'a Columns,
+    /// The table's columns now; `None` when it does not exist yet.
+    shape: Option<&'a TableShape>,
+}
+
+impl Context<'_> {
+    /// SQLite's implicit row id serves as the position (`columns.position = "rowid"`).
+    fn rowid_position(&self) -> bool {
+        self.dialect == Dialect::Sqlite
+            && ["rowid", "_rowid_", "oid"].contains(&self.columns.position.as_str())
+            && !self
+                .shape
+                .is_some_and(|shape| shape.has(self.columns.position.as_str()))
+    }
+}
+
+/// The DDL of a new table with the default mapping: what the first migration has always
+/// run (kept as the shipped DDL's reference, see the tests).
+#[cfg_attr(not(test), allow(dead_code))]
+fn create_table(dialect: Dialect, table: &TableName) -> Vec<String> {
+    create::create_table(&Context {
+        dialect,
+        table,
+        columns: &Columns::default(),
+        shape: None,
+    })
+}
+
+/// `migrate` adds the column of `setting` to an existing table that lacks it.
+pub(crate) fn adds(setting: ColumnSetting) -> bool {
+    matches!(
+        setting,
+        ColumnSetting::Position | ColumnSetting::Headers | ColumnSetting::CreatedAt
+    )
+}
 
 /// One schema change.
 struct Migration {
     name: &'static str,
-    statements: fn(Dialect, &TableName) -> Vec<String>,
+    statements: fn(&Context<'_>) -> Result<Vec<String>, Error>,
 }
 
 /// Every migration, oldest first. Append; never edit one that has shipped.
 const MIGRATIONS: &[Migration] = &[
     Migration {
         name: "m20261202_000001_create_room_outbox",
-        statements: create_table,
+        statements: create_or_adopt,
     },
     Migration {
         name: "m20261202_000002_create_room_outbox_lock",
@@ -43,21 +93,23 @@ const MIGRATIONS: &[Migration] = &[
 /// the page PostgreSQL writes the new row version as a HOT update — no entry in any of
 /// the six indexes. On full pages every claim paid for six index inserts per row.
 /// Existing pages keep their layout until rewritten. InnoDB and SQLite update in place.
-fn set_fillfactor(dialect: Dialect, t: &TableName) -> Vec<String> {
-    if dialect != Dialect::Postgres {
-        return Vec::new();
+fn set_fillfactor(cx: &Context<'_>) -> Result<Vec<String>, Error> {
+    let t = cx.table;
+    if cx.dialect != Dialect::Postgres {
+        return Ok(Vec::new());
     }
-    vec![format!("ALTER TABLE {t} SET (fillfactor = 70)")]
+    Ok(vec![format!("ALTER TABLE {t} SET (fillfactor = 70)")])
 }
 
 /// PostgreSQL: NOTIFY the channel named after the table once per INSERT statement (not
 /// per row), delivered at commit; the relay LISTENs and claims at once. Other backends
 /// keep polling.
-fn create_notify(dialect: Dialect, t: &TableName) -> Vec<String> {
-    if dialect != Dialect::Postgres {
-        return Vec::new();
+fn create_notify(cx: &Context<'_>) -> Result<Vec<String>, Error> {
+    let t = cx.table;
+    if cx.dialect != Dialect::Postgres {
+        return Ok(Vec::new());
     }
-    vec![
+    Ok(vec![
         format!(
             "CREATE OR REPLACE FUNCTION {t}_notify() RETURNS trigger LANGUAGE plpgsql AS \
              $$ BEGIN PERFORM pg_notify('{t}', ''); RETURN NULL; END $$"
@@ -67,98 +119,35 @@ fn create_notify(dialect: Dialect, t: &TableName) -> Vec<String> {
             "CREATE TRIGGER {t}_notify AFTER INSERT ON {t} \
              FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()"
         ),
-    ]
+    ])
 }
 
 /// `<table>_lock`: one row whose row lock serialises per-room claims across nodes
 /// (see `claim/mod.rs`). SQLite serialises writers by itself.
-fn create_lock(_: Dialect, t: &TableName) -> Vec<String> {
-    vec![
+fn create_lock(cx: &Context<'_>) -> Result<Vec<String>, Error> {
+    let t = cx.table;
+    Ok(vec![
         format!("CREATE TABLE IF NOT EXISTS {t}_lock (name VARCHAR(64) NOT NULL PRIMARY KEY)"),
         format!("INSERT INTO {t}_lock (name) VALUES ('claim')"),
-    ]
+    ])
 }
 
-fn create_table(dialect: Dialect, t: &TableName) -> Vec<String> {
-    let pending_idx = t.index(Index::Pending);
-    let room_idx = t.index(Index::Room);
-    let retention_idx = t.index(Index::Retention);
-    let pending_room_idx = t.index(Index::PendingRoom);
-    match dialect {
-        Dialect::Postgres => vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    id BIGSERIAL PRIMARY KEY,
-                    event_id VARCHAR(64) NOT NULL UNIQUE,
-                    event_type VARCHAR(255) NOT NULL,
-                    room_id VARCHAR(255) NOT NULL,
-                    envelope TEXT NOT NULL,
-                    headers TEXT NULL,
-                    status VARCHAR(16) NOT NULL DEFAULT {PENDING},
-                    retry_count INTEGER NOT NULL DEFAULT 0,
-                    last_error VARCHAR(512) NULL,
-                    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-                    available_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-                    locked_by VARCHAR(128) NULL,
-                    locked_until TIMESTAMPTZ NULL,
-                    published_at TIMESTAMPTZ NULL)"
-            ),
-            format!("CREATE INDEX IF NOT EXISTS {pending_idx} ON {t} (id) WHERE status = {PENDING}"),
-            format!("CREATE INDEX IF NOT EXISTS {room_idx} ON {t} (room_id, id)"),
-            format!("CREATE INDEX IF NOT EXISTS {retention_idx} ON {t} (status, published_at)"),
-            // Beyond the three indexes of the table's description: keeps per-room claims cheap.
-            format!("CREATE INDEX IF NOT EXISTS {pending_room_idx} ON {t} (room_id, id) WHERE status = {PENDING}"),
-        ],
-        Dialect::Sqlite => {
-            let now = "(strftime('%Y-%m-%d %H:%M:%f', 'now'))";
-            vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (
-                        id INTEGER PRIMARY KEY AUTOINCREMENT,
-                        event_id VARCHAR(64) NOT NULL UNIQUE,
-                        event_type VARCHAR(255) NOT NULL,
-                        room_id VARCHAR(255) NOT NULL,
-                        envelope TEXT NOT NULL,
-                        headers TEXT NULL,
-                        status VARCHAR(16) NOT NULL DEFAULT {PENDING},
-                        retry_count INTEGER NOT NULL DEFAULT 0,
-                        last_error VARCHAR(512) NULL,
-                        created_at DATETIME NOT NULL DEFAULT {now},
-                        available_at DATETIME NOT NULL DEFAULT {now},
-                        locked_by VARCHAR(128) NULL,
-                        locked_until DATETIME NULL,
-                        published_at DATETIME NULL)"
+/// The table with the mapped names when it does not exist; else the bookkeeping columns
+/// it lacks, and the indexes. (The name says `create`: it shipped before adoption did.)
+fn create_or_adopt(cx: &Context<'_>) -> Result<Vec<String>, Error> {
+    match cx.shape {
+        Some(shape) => adopt::adopt(cx, shape),
+        None if cx.rowid_position() => Err(Error::Mapping {
+            table: cx.table.clone(),
+            problems: vec![crate::columns::MappingError {
+                setting: ColumnSetting::Position,
+                column: cx.columns.position.to_string(),
+                problem: crate::columns::MappingProblem::Unsupported(
+                    "serves only a table that exists; for a new table name an integer column",
                 ),
-                format!("CREATE INDEX IF NOT EXISTS {pending_idx} ON {t} (id) WHERE status = {PENDING}"),
-                format!("CREATE INDEX IF NOT EXISTS {room_idx} ON {t} (room_id, id)"),
-                format!("CREATE INDEX IF NOT EXISTS {retention_idx} ON {t} (status, published_at)"),
-                // Beyond the three indexes of the table's description: keeps per-room claims cheap.
-                format!("CREATE INDEX IF NOT EXISTS {pending_room_idx} ON {t} (room_id, id) WHERE status = {PENDING}"),
-            ]
-        }
-        // TIMESTAMP(6) is stored in UTC whatever a producer's session time zone is.
-        Dialect::MySql => vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
-                id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-                event_id VARCHAR(64) NOT NULL UNIQUE,
-                event_type VARCHAR(255) NOT NULL,
-                room_id VARCHAR(255) NOT NULL,
-                envelope LONGTEXT NOT NULL,
-                headers TEXT NULL,
-                status VARCHAR(16) NOT NULL DEFAULT {PENDING},
-                retry_count INT NOT NULL DEFAULT 0,
-                last_error VARCHAR(512) NULL,
-                created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-                available_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-                locked_by VARCHAR(128) NULL,
-                locked_until TIMESTAMP(6) NULL DEFAULT NULL,
-                published_at TIMESTAMP(6) NULL DEFAULT NULL,
-                INDEX {pending_idx} (status, id),
-                INDEX {room_idx} (room_id, id),
-                INDEX {retention_idx} (status, published_at),
-                INDEX {pending_room_idx} (room_id, status, id)
-            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
-        )],
+            }],
+        }),
+        None => Ok(create::create_table(cx)),
     }
 }
 
@@ -192,8 +181,36 @@ pub async fn plan(
     table: &TableName,
     columns: &Columns,
 ) -> Result<Vec<PlannedStep>, Error> {
-    let _ = (db, table, columns);
-    Ok(Vec::new())
+    validate(table, columns)?;
+    let dialect = Dialect::of(db);
+    let migrations = format!("{table}_migrations");
+    let recorded_any = TableShape::read(db, &migrations).await?.is_some();
+    let shape = TableShape::read(db, table.as_str()).await?;
+    let cx = Context {
+        dialect,
+        table,
+        columns,
+        shape: shape.as_ref(),
+    };
+    let mut steps = Vec::new();
+    for migration in MIGRATIONS {
+        if recorded_any && is_recorded(db, table, migration.name).await? {
+            continue;
+        }
+        steps.push(PlannedStep {
+            name: migration.name,
+            statements: (migration.statements)(&cx)?,
+        });
+    }
+    Ok(steps)
+}
+
+/// The mapping on its own ([`Columns::validate`]), as an [`Error`].
+fn validate(table: &TableName, columns: &Columns) -> Result<(), Error> {
+    columns.validate().map_err(|problems| Error::Mapping {
+        table: table.clone(),
+        problems,
+    })
 }
 
 /// [`migrate`] for a table whose producer columns `columns` names. A table that does not
@@ -205,7 +222,7 @@ pub async fn migrate_columns(
     table: &TableName,
     columns: &Columns,
 ) -> Result<Vec<&'static str>, Error> {
-    let _ = columns;
+    validate(table, columns)?;
     let applied_at = match Dialect::of(db) {
         Dialect::Postgres => "TIMESTAMPTZ NOT NULL DEFAULT now()",
         Dialect::Sqlite => "DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP",
@@ -216,12 +233,12 @@ pub async fn migrate_columns(
     );
     let txn = lock(db, table).await?;
     let created = txn.execute_unprepared(&create).await.map(|_| ());
-    unlock(txn, table, created).await?;
+    unlock::<_, DbErr>(txn, table, created).await?;
 
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
         let txn = lock(db, table).await?;
-        let done = apply(&txn, table, migration).await;
+        let done = apply(&txn, table, columns, migration).await;
         let done = unlock(txn, table, done).await;
         match done {
             Ok(true) => applied.push(migration.name),
@@ -229,7 +246,7 @@ pub async fn migrate_columns(
             // MySQL: the lock is let go before the last commit, so a runner that comes
             // next may insert the same name and fail once the first one commits.
             Err(_) if is_recorded(db, table, migration.name).await? => {}
-            Err(error) => return Err(error.into()),
+            Err(error) => return Err(error),
         }
     }
     Ok(applied)
@@ -243,13 +260,21 @@ const MIGRATION_LOCK_WAIT_SECS: u32 = 120;
 async fn apply(
     txn: &DatabaseTransaction,
     table: &TableName,
+    columns: &Columns,
     migration: &Migration,
-) -> Result<bool, DbErr> {
+) -> Result<bool, Error> {
     if is_recorded(txn, table, migration.name).await? {
         return Ok(false);
     }
     let dialect = Dialect::of(txn);
-    for statement in (migration.statements)(dialect, table) {
+    let shape = TableShape::read(txn, table.as_str()).await?;
+    let cx = Context {
+        dialect,
+        table,
+        columns,
+        shape: shape.as_ref(),
+    };
+    for statement in (migration.statements)(&cx)? {
         txn.execute_unprepared(&statement).await?;
     }
     let mut params = Params::new(dialect);
@@ -298,11 +323,11 @@ async fn lock(db: &DatabaseConnection, table: &TableName) -> Result<DatabaseTran
 }
 
 /// Ends a step taken under [`lock`]: lets the lock go and commits if the step succeeded.
-async fn unlock<T>(
+async fn unlock<T, E: From<DbErr>>(
     txn: DatabaseTransaction,
     table: &TableName,
-    step: Result<T, DbErr>,
-) -> Result<T, DbErr> {
+    step: Result<T, E>,
+) -> Result<T, E> {
     let dialect = Dialect::of(&txn);
     if dialect == Dialect::MySql {
         // A named lock belongs to the connection, not the transaction: let it go before

@@ -1,0 +1,376 @@
+//! [`Reads`]: how the store's statements name the mapped columns. The relay's own types are
+//! read as they are (the default mapping's statements are today's); other types get the
+//! cast that makes the driver accept them: sqlx decodes strictly (a PostgreSQL `uuid` is no
+//! `String`, `jsonb` no text, an `integer` no `i64`).
+
+use crate::columns::{ColumnSetting, Columns, MappingError, MappingProblem};
+use crate::dialect::Dialect;
+use crate::shape::{Kind, TableShape};
+use crate::sql::TableName;
+
+/// How a claim decodes the payload column into bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PayloadDecode {
+    /// As text, whose UTF-8 bytes are the body (PostgreSQL `text`/`varchar`, and `json`/
+    /// `jsonb` through `::text`). No cast for the relay's own `TEXT` column.
+    Text,
+    /// As bytes (PostgreSQL `bytea`; MySQL and SQLite decode any text or blob as bytes).
+    Bytes,
+}
+
+/// SQLite names of the implicit row id, which `columns.position` may name on SQLite:
+/// it cannot add an integer column that numbers the existing rows.
+const SQLITE_ROWIDS: [&str; 3] = ["rowid", "_rowid_", "oid"];
+
+/// The SQL of the mapped columns, for one backend and one table's types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reads {
+    /// The position column as conditions and `ORDER BY` name it.
+    pub(crate) position: String,
+    /// How the position is made a 64-bit signed integer when read.
+    position_cast: Cast,
+    /// Event id, comparable with a bound string.
+    pub(crate) event_id: String,
+    /// Event type, comparable with a bound string.
+    pub(crate) event_type: String,
+    /// The key column as is (`e.key = c.key`).
+    pub(crate) key: String,
+    /// The key, comparable with a bound string.
+    pub(crate) key_text: String,
+    /// The payload as read.
+    payload: String,
+    /// How the payload decodes.
+    pub(crate) payload_decode: PayloadDecode,
+    /// The headers, as text; `None` when the mapping has none.
+    headers: Option<String>,
+    /// The creation time as a comparable UTC timestamp.
+    pub(crate) created_at: String,
+}
+
+/// A cast that wraps an expression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cast {
+    None,
+    /// PostgreSQL `::bigint`.
+    Bigint,
+    /// MySQL `CAST(… AS SIGNED)`.
+    Signed,
+}
+
+impl Cast {
+    fn wrap(self, expr: &str) -> String {
+        match self {
+            Cast::None => expr.to_owned(),
+            Cast::Bigint => format!("{expr}::bigint"),
+            Cast::Signed => format!("CAST({expr} AS SIGNED)"),
+        }
+    }
+}
+
+impl Reads {
+    /// The statements for `columns` assuming the relay's own types (no casts): what a
+    /// store uses until [`Reads::checked`] has seen the table.
+    pub(crate) fn plain(dialect: Dialect, columns: &Columns) -> Self {
+        let text = Kind::Text { long: false };
+        Self::build(dialect, columns, |setting| match setting {
+            ColumnSetting::Position => Kind::Integer {
+                unsigned: false,
+                big: true,
+            },
+            ColumnSetting::CreatedAt => Kind::Time { zoned: true },
+            _ => text,
+        })
+    }
+
+    /// The statements for `columns` on a table of `shape`, or every problem of the mapping
+    /// (a missing column, a type that cannot serve its setting).
+    pub(crate) fn checked(
+        dialect: Dialect,
+        table: &TableName,
+        columns: &Columns,
+        shape: &TableShape,
+    ) -> Result<Self, Vec<MappingError>> {
+        let mut problems = Vec::new();
+        for setting in ColumnSetting::ALL {
+            let Some(column) = columns.get(setting) else {
+                continue;
+            };
+            let name = column.as_str();
+            let problem = match shape.column(name) {
+                None if setting == ColumnSetting::Position
+                    && dialect == Dialect::Sqlite
+                    && SQLITE_ROWIDS.contains(&name) =>
+                {
+                    None
+                }
+                None => Some(MappingProblem::Missing {
+                    table: table.clone(),
+                }),
+                Some(found) => expected(dialect, setting, found.kind).map(|expected| {
+                    MappingProblem::WrongType {
+                        found: found.type_name.clone(),
+                        expected,
+                    }
+                }),
+            };
+            if let Some(problem) = problem {
+                problems.push(MappingError {
+                    setting,
+                    column: name.to_owned(),
+                    problem,
+                });
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Self::build(dialect, columns, |setting| {
+            columns
+                .get(setting)
+                .and_then(|column| shape.column(column.as_str()))
+                .map_or(
+                    Kind::Integer {
+                        unsigned: false,
+                        big: true,
+                    },
+                    |column| column.kind,
+                )
+        }))
+    }
+
+    fn build(dialect: Dialect, columns: &Columns, kind: impl Fn(ColumnSetting) -> Kind) -> Self {
+        let text = |setting: ColumnSetting, name: &str| -> String {
+            match (kind(setting), dialect) {
+                (Kind::Text { .. }, _) => name.to_owned(),
+                (_, Dialect::Postgres) => format!("{name}::text"),
+                (_, Dialect::MySql) => format!("CAST({name} AS CHAR)"),
+                (_, Dialect::Sqlite) => format!("CAST({name} AS TEXT)"),
+            }
+        };
+        let position_cast = match (kind(ColumnSetting::Position), dialect) {
+            (Kind::Integer { big: false, .. }, Dialect::Postgres) => Cast::Bigint,
+            (Kind::Integer { unsigned: true, .. }, Dialect::MySql) => Cast::Signed,
+            _ => Cast::None,
+        };
+        let payload = columns.payload.as_str();
+        let (payload, payload_decode) = match (dialect, kind(ColumnSetting::Payload)) {
+            (Dialect::Postgres, Kind::Bytes) => (payload.to_owned(), PayloadDecode::Bytes),
+            (Dialect::Postgres, Kind::Text { .. }) => (payload.to_owned(), PayloadDecode::Text),
+            (Dialect::Postgres, _) => (format!("{payload}::text"), PayloadDecode::Text),
+            // MySQL 8's JSON type decodes as neither text nor bytes (MariaDB's is LONGTEXT).
+            (Dialect::MySql, Kind::Json) => {
+                (format!("CAST({payload} AS CHAR)"), PayloadDecode::Bytes)
+            }
+            (Dialect::MySql | Dialect::Sqlite, _) => (payload.to_owned(), PayloadDecode::Bytes),
+        };
+        let headers = columns
+            .headers
+            .as_ref()
+            .map(|headers| text(ColumnSetting::Headers, headers.as_str()));
+        let created = columns.created_at.as_str();
+        let created_at = match (dialect, kind(ColumnSetting::CreatedAt)) {
+            (Dialect::Postgres, Kind::Time { zoned: false }) => {
+                format!("({created} AT TIME ZONE 'UTC')")
+            }
+            _ => created.to_owned(),
+        };
+        Self {
+            position: columns.position.to_string(),
+            position_cast,
+            event_id: text(ColumnSetting::EventId, columns.event_id.as_str()),
+            event_type: text(ColumnSetting::EventType, columns.event_type.as_str()),
+            key: columns.key.to_string(),
+            key_text: text(ColumnSetting::Key, columns.key.as_str()),
+            payload,
+            payload_decode,
+            headers,
+            created_at,
+        }
+    }
+
+    /// `expr` (the position, or an aggregate of it) as a 64-bit signed integer.
+    pub(crate) fn position_value(&self, expr: &str) -> String {
+        self.position_cast.wrap(expr)
+    }
+
+    /// The select list of a claimed row (`crate::row::ClaimedRow`), unqualified: `id,
+    /// event_id, event_type, room_id, envelope[, headers], retry_count, created_at`,
+    /// each mapped column aliased to that name.
+    pub(crate) fn claimed_columns(&self) -> String {
+        let position = self.position_value(&self.position);
+        let mut list = vec![
+            aliased(&position, "id"),
+            aliased(&self.event_id, "event_id"),
+            aliased(&self.event_type, "event_type"),
+            aliased(&self.key_text, "room_id"),
+            aliased(&self.payload, "envelope"),
+        ];
+        if let Some(headers) = &self.headers {
+            list.push(aliased(headers, "headers"));
+        }
+        list.push("retry_count".to_owned());
+        list.push(aliased(&self.created_at, "created_at"));
+        list.join(", ")
+    }
+
+    /// The table has a headers column (else claimed rows carry none).
+    pub(crate) fn has_headers(&self) -> bool {
+        self.headers.is_some()
+    }
+}
+
+/// `expr AS alias`, or just `expr` when it is the column of that name.
+fn aliased(expr: &str, alias: &str) -> String {
+    if expr == alias {
+        expr.to_owned()
+    } else {
+        format!("{expr} AS {alias}")
+    }
+}
+
+/// What `setting` needs when the column's type is `kind`; `None` when it fits.
+fn expected(dialect: Dialect, setting: ColumnSetting, kind: Kind) -> Option<&'static str> {
+    match setting {
+        ColumnSetting::Position => (!matches!(kind, Kind::Integer { .. }))
+            .then_some("columns.position needs an integer column that grows with each insert"),
+        ColumnSetting::Payload => (!matches!(kind, Kind::Text { .. } | Kind::Json | Kind::Bytes))
+            .then_some("columns.payload needs a text, JSON or bytes column"),
+        ColumnSetting::Headers => (!matches!(kind, Kind::Text { .. } | Kind::Json))
+            .then_some("columns.headers needs a text or JSON column (or \"\" for none)"),
+        ColumnSetting::CreatedAt => {
+            let time = matches!(kind, Kind::Time { .. })
+                || (dialect == Dialect::Sqlite && matches!(kind, Kind::Text { .. }));
+            (!time).then_some("columns.created_at needs a timestamp column")
+        }
+        ColumnSetting::EventId | ColumnSetting::EventType | ColumnSetting::Key => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::columns::ColumnName;
+    use crate::shape::ShapeColumn;
+
+    fn shape(columns: &[(&str, &str, Kind)]) -> TableShape {
+        TableShape {
+            columns: columns
+                .iter()
+                .map(|(name, type_name, kind)| ShapeColumn {
+                    name: (*name).to_owned(),
+                    type_name: (*type_name).to_owned(),
+                    kind: *kind,
+                })
+                .collect(),
+            indexes: Vec::new(),
+        }
+    }
+
+    fn debezium() -> Columns {
+        Columns {
+            position: ColumnName::parse("seq").unwrap(),
+            event_id: ColumnName::parse("id").unwrap(),
+            event_type: ColumnName::parse("type").unwrap(),
+            key: ColumnName::parse("aggregateid").unwrap(),
+            payload: ColumnName::parse("payload").unwrap(),
+            headers: None,
+            created_at: ColumnName::parse("created_at").unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_default_mapping_reads_todays_columns_without_casts() {
+        for dialect in [Dialect::Postgres, Dialect::MySql, Dialect::Sqlite] {
+            let reads = Reads::plain(dialect, &Columns::default());
+            assert_eq!(
+                reads.claimed_columns(),
+                "id, event_id, event_type, room_id, envelope, headers, retry_count, created_at"
+            );
+            assert_eq!(reads.position_value("MAX(id)"), "MAX(id)");
+        }
+        assert_eq!(
+            Reads::plain(Dialect::Postgres, &Columns::default()).payload_decode,
+            PayloadDecode::Text
+        );
+    }
+
+    #[test]
+    fn other_types_are_cast_to_what_the_driver_decodes() {
+        let shape = shape(&[
+            ("id", "uuid", Kind::Other),
+            ("type", "character varying", Kind::Text { long: false }),
+            (
+                "aggregateid",
+                "character varying",
+                Kind::Text { long: false },
+            ),
+            ("payload", "jsonb", Kind::Json),
+            (
+                "seq",
+                "integer",
+                Kind::Integer {
+                    unsigned: false,
+                    big: false,
+                },
+            ),
+            (
+                "created_at",
+                "timestamp without time zone",
+                Kind::Time { zoned: false },
+            ),
+        ]);
+        let table = TableName::parse("outbox").unwrap();
+        let reads = Reads::checked(Dialect::Postgres, &table, &debezium(), &shape).unwrap();
+        assert_eq!(
+            reads.claimed_columns(),
+            "seq::bigint AS id, id::text AS event_id, type AS event_type, aggregateid AS room_id, \
+             payload::text AS envelope, retry_count, (created_at AT TIME ZONE 'UTC') AS created_at"
+        );
+        assert_eq!(reads.position_value("MAX(seq)"), "MAX(seq)::bigint");
+        assert!(!reads.has_headers());
+    }
+
+    #[test]
+    fn every_problem_of_a_mapping_is_reported_with_its_setting() {
+        let shape = shape(&[
+            ("id", "uuid", Kind::Other),
+            ("type", "text", Kind::Text { long: false }),
+            ("payload", "numeric", Kind::Other),
+            ("seq", "text", Kind::Text { long: false }),
+            ("created_at", "text", Kind::Text { long: false }),
+        ]);
+        let table = TableName::parse("outbox").unwrap();
+        let problems = Reads::checked(Dialect::Postgres, &table, &debezium(), &shape).unwrap_err();
+        let texts: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            texts,
+            [
+                "columns.position: column \"seq\" is text; columns.position needs an integer column that grows with each insert",
+                "columns.key: column \"aggregateid\" does not exist in table outbox",
+                "columns.payload: column \"payload\" is numeric; columns.payload needs a text, JSON or bytes column",
+                "columns.created_at: column \"created_at\" is text; columns.created_at needs a timestamp column",
+            ]
+        );
+    }
+
+    #[test]
+    fn sqlite_may_order_by_the_implicit_rowid() {
+        let shape = shape(&[
+            ("id", "TEXT", Kind::Text { long: false }),
+            ("type", "TEXT", Kind::Text { long: false }),
+            ("aggregateid", "TEXT", Kind::Text { long: false }),
+            ("payload", "BLOB", Kind::Bytes),
+            ("created_at", "DATETIME", Kind::Time { zoned: true }),
+        ]);
+        let table = TableName::parse("outbox").unwrap();
+        let columns = Columns {
+            position: ColumnName::parse("rowid").unwrap(),
+            ..debezium()
+        };
+        let reads = Reads::checked(Dialect::Sqlite, &table, &columns, &shape).unwrap();
+        assert!(reads
+            .claimed_columns()
+            .starts_with("rowid AS id, id AS event_id"));
+        assert!(Reads::checked(Dialect::Postgres, &table, &columns, &shape).is_err());
+    }
+}

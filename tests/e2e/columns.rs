@@ -1,0 +1,564 @@
+//! Column mapping and adoption of existing tables: a Debezium-shaped table and the
+//! original worker's table migrated and relayed in place, `plan` changing nothing,
+//! `check_columns` naming the setting and the column, and tables of the old migration
+//! path left as they are.
+
+use chrono::{Duration as TimeDelta, Utc};
+use outbox_core::{
+    ClaimRequest, InsertFeed, MarkBatch, Ordering, OutboxRecord, OutboxStore, PurgeTarget,
+};
+use outbox_store::{ColumnName, Columns, Error, SeaOrmStore, TableName};
+use outbox_tests::{per_backend, unique_name, Backend, TestDatabase};
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A table of its own beside the test database's (whose default table is dropped too).
+struct Fixture {
+    database: TestDatabase,
+    table: TableName,
+}
+
+impl Fixture {
+    async fn new(backend: Backend) -> Self {
+        Self {
+            database: TestDatabase::new(backend).await,
+            table: TableName::parse(&unique_name("cols")).unwrap(),
+        }
+    }
+
+    fn backend(&self) -> DbBackend {
+        self.database.backend()
+    }
+
+    /// Runs `sql` (`{t}`: the fixture's table).
+    async fn execute(&self, sql: &str) {
+        let sql = sql.replace("{t}", self.table.as_str());
+        self.database
+            .db()
+            .execute(Statement::from_string(self.backend(), sql.clone()))
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
+    }
+
+    /// Name and type of each column of `table`, in table order; empty when it does not
+    /// exist.
+    async fn shape_of(&self, table: &str) -> Vec<(String, String)> {
+        let sql = match self.backend() {
+            DbBackend::Postgres => format!(
+                "SELECT column_name::text AS name, data_type::text AS type FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = '{table}' ORDER BY ordinal_position"
+            ),
+            DbBackend::MySql => format!(
+                "SELECT CAST(column_name AS CHAR) AS name, CAST(column_type AS CHAR) AS type \
+                 FROM information_schema.columns WHERE table_schema = DATABASE() \
+                 AND table_name = '{table}' ORDER BY ordinal_position"
+            ),
+            DbBackend::Sqlite => {
+                format!("SELECT name, type FROM pragma_table_info('{table}') ORDER BY cid")
+            }
+        };
+        self.database
+            .db()
+            .query_all(Statement::from_string(self.backend(), sql))
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| {
+                (
+                    row.try_get("", "name").unwrap(),
+                    row.try_get("", "type").unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// A store on the fixture's table with `columns`, checked.
+    async fn store(&self, columns: Columns) -> SeaOrmStore {
+        let mut store =
+            SeaOrmStore::new(self.database.db().clone(), self.table.clone()).with_columns(columns);
+        store
+            .check_columns()
+            .await
+            .expect("the mapping fits the migrated table");
+        store
+    }
+
+    async fn finish(self) {
+        self.database.drop_outbox(&self.table).await;
+        self.database.drop_table().await;
+    }
+}
+
+fn name(column: &str) -> ColumnName {
+    ColumnName::parse(column).unwrap()
+}
+
+fn claim_all() -> ClaimRequest {
+    ClaimRequest {
+        node_id: "n1".into(),
+        limit: 100,
+        lease: Duration::from_secs(30),
+        ordering: Ordering::PerRoom,
+    }
+}
+
+/// The event ids of each key, in claim order.
+fn per_key(claimed: &[OutboxRecord]) -> BTreeMap<&str, Vec<&str>> {
+    let mut keys: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for record in claimed {
+        keys.entry(&record.room_id)
+            .or_default()
+            .push(&record.event_id);
+    }
+    keys
+}
+
+/// Marks every claimed row published.
+async fn publish(store: &SeaOrmStore, claimed: &[OutboxRecord]) {
+    let batch = MarkBatch {
+        published: claimed.iter().map(|record| record.id).collect(),
+        ..MarkBatch::default()
+    };
+    store.mark("n1", &batch).await.expect("outcomes recorded");
+}
+
+/// The Debezium-shaped mapping: `id` the event id, `type`, `aggregateid` the key, `payload`;
+/// a new `seq` column (SQLite: the rowid) the position, a new `created_at`.
+fn debezium_columns(backend: DbBackend) -> Columns {
+    Columns {
+        position: name(if backend == DbBackend::Sqlite {
+            "rowid"
+        } else {
+            "seq"
+        }),
+        event_id: name("id"),
+        event_type: name("type"),
+        key: name("aggregateid"),
+        payload: name("payload"),
+        headers: None,
+        created_at: name("created_at"),
+    }
+}
+
+/// Creates the Debezium-shaped table (uuid / CHAR(36) / TEXT id; jsonb / JSON / BLOB
+/// payload).
+async fn create_debezium(fixture: &Fixture) {
+    fixture
+        .execute(match fixture.backend() {
+            DbBackend::Postgres => {
+                "CREATE TABLE {t} (id UUID PRIMARY KEY, aggregatetype VARCHAR(255) NOT NULL, \
+                 aggregateid VARCHAR(255) NOT NULL, type VARCHAR(255) NOT NULL, payload JSONB)"
+            }
+            DbBackend::MySql => {
+                "CREATE TABLE {t} (id CHAR(36) NOT NULL PRIMARY KEY, aggregatetype VARCHAR(255) NOT NULL, \
+                 aggregateid VARCHAR(255) NOT NULL, type VARCHAR(255) NOT NULL, payload JSON)"
+            }
+            DbBackend::Sqlite => {
+                "CREATE TABLE {t} (id TEXT PRIMARY KEY, aggregatetype TEXT NOT NULL, \
+                 aggregateid TEXT NOT NULL, type TEXT NOT NULL, payload BLOB)"
+            }
+        })
+        .await;
+}
+
+/// Inserts a Debezium row as a producer does (its own columns only).
+async fn insert_debezium(fixture: &Fixture, id: &str, key: &str, payload: &str) {
+    fixture
+        .execute(&format!(
+            "INSERT INTO {{t}} (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ('{id}', 'room', '{key}', 'room.renamed', {payload})"
+        ))
+        .await;
+}
+
+/// The payload bytes as the database gives them back (jsonb: its text form).
+async fn payload_of(fixture: &Fixture, id: &str) -> Vec<u8> {
+    let expr = match fixture.backend() {
+        DbBackend::Postgres => "convert_to(payload::text, 'UTF8')",
+        DbBackend::MySql | DbBackend::Sqlite => "payload",
+    };
+    let sql = format!(
+        "SELECT {expr} AS p FROM {} WHERE id = '{id}'",
+        fixture.table
+    );
+    let row = fixture
+        .database
+        .db()
+        .query_one(Statement::from_string(fixture.backend(), sql))
+        .await
+        .unwrap()
+        .expect("the row exists");
+    row.try_get("", "p").unwrap()
+}
+
+fn uuid(n: u8, fill: char) -> String {
+    format!(
+        "{}-0000-4000-8000-0000000000{n:02}",
+        fill.to_string().repeat(8)
+    )
+}
+
+async fn relays_a_debezium_table_in_place(backend: Backend) {
+    let fixture = Fixture::new(backend).await;
+    create_debezium(&fixture).await;
+    let json = |text: &str| match fixture.backend() {
+        DbBackend::Sqlite => format!("X'{}'", hex(text.as_bytes())),
+        _ => format!("'{text}'"),
+    };
+    // Before migrating: ids in the order of inserts (MySQL numbers existing rows by
+    // primary key when it adds the position column).
+    let before = [
+        (uuid(1, '1'), "a", json(r#"{"n": 1,"b":[1,2]}"#)),
+        (uuid(2, '2'), "b", json(r#"{"n":2}"#)),
+        (uuid(3, '3'), "a", json(r#"{"n":3, "text":"héllo"}"#)),
+    ];
+    for (id, key, payload) in &before {
+        insert_debezium(&fixture, id, key, payload).await;
+    }
+    let columns = debezium_columns(fixture.backend());
+    let applied = outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &columns)
+        .await
+        .expect("the table is adopted");
+    assert_eq!(applied.len(), 4, "{applied:?}");
+    // After: ids in no particular order; SQLite also gets a payload that is no UTF-8.
+    let mut after = vec![
+        (uuid(4, 'f'), "a", json(r#"{"n":4}"#)),
+        (uuid(5, '0'), "b", json(r#"{"n":5}"#)),
+        (uuid(6, '9'), "a", json(r#"{"n":6}"#)),
+    ];
+    if fixture.backend() == DbBackend::Sqlite {
+        after.push((uuid(7, '5'), "b", "X'00FF7B7D'".to_owned()));
+    }
+    for (id, key, payload) in &after {
+        insert_debezium(&fixture, id, key, payload).await;
+    }
+    let store = fixture.store(columns).await;
+
+    let claimed = store.claim(&claim_all()).await.expect("the claim works");
+    let inserted: Vec<_> = before.iter().chain(&after).collect();
+    assert_eq!(claimed.len(), inserted.len());
+    let mut expected: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (id, key, _) in &inserted {
+        expected.entry(key).or_default().push(id);
+    }
+    assert_eq!(per_key(&claimed), expected, "each key in insert order");
+    for record in &claimed {
+        assert_eq!(
+            record.envelope,
+            payload_of(&fixture, &record.event_id).await,
+            "{}: payload bytes",
+            record.event_id
+        );
+        assert_eq!(record.event_type, "room.renamed");
+        assert_eq!(record.headers, None);
+        assert_eq!(record.retry_count, 0);
+        let age = Utc::now() - record.created_at;
+        assert!(
+            age < TimeDelta::minutes(10) && age > TimeDelta::minutes(-10),
+            "{}: created_at {} is the insert's or the migration's time",
+            record.event_id,
+            record.created_at
+        );
+    }
+    if fixture.backend() == DbBackend::Postgres {
+        let first = claimed.iter().find(|r| r.event_id == uuid(1, '1')).unwrap();
+        assert_eq!(
+            first.envelope, br#"{"b": [1, 2], "n": 1}"#,
+            "jsonb: the text PostgreSQL gives"
+        );
+    }
+
+    // Outcomes, counts, the probe and retention work on the mapped columns.
+    publish(&store, &claimed).await;
+    assert!(
+        store.claim(&claim_all()).await.unwrap().is_empty(),
+        "all published"
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.published, inserted.len() as u64);
+    assert_eq!(stats.pending, 0);
+    assert_eq!(store.backlog().await.unwrap().pending, 0);
+    let mut probe =
+        outbox_store::wake::probe::MaxIdProbe::new(store.clone(), Duration::from_millis(10));
+    probe.wait().await.expect("MAX(position) reads");
+    let purged = store
+        .purge(
+            PurgeTarget::Published,
+            Utc::now() + TimeDelta::hours(1),
+            100,
+        )
+        .await
+        .expect("retention works");
+    assert_eq!(purged, inserted.len() as u64);
+    fixture.finish().await;
+}
+
+per_backend!(relays_a_debezium_table_in_place: postgres, mariadb, sqlite);
+
+/// The original worker's table, as its repository writes it (nearest types per backend).
+async fn create_original(fixture: &Fixture) {
+    fixture
+        .execute(match fixture.backend() {
+            DbBackend::Postgres => {
+                "CREATE TABLE {t} (id BIGSERIAL PRIMARY KEY, event_id VARCHAR(64) NOT NULL UNIQUE, \
+                 event_type VARCHAR(255) NOT NULL, room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
+                 status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INTEGER NOT NULL DEFAULT 0, \
+                 last_error TEXT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
+                 published_at TIMESTAMPTZ NULL)"
+            }
+            DbBackend::MySql => {
+                "CREATE TABLE {t} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+                 event_id VARCHAR(64) NOT NULL UNIQUE, event_type VARCHAR(255) NOT NULL, \
+                 room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
+                 status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INT NOT NULL DEFAULT 0, \
+                 last_error TEXT NULL, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+                 published_at TIMESTAMP(6) NULL DEFAULT NULL)"
+            }
+            DbBackend::Sqlite => {
+                "CREATE TABLE {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id VARCHAR(64) NOT NULL UNIQUE, \
+                 event_type VARCHAR(255) NOT NULL, room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
+                 status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INTEGER NOT NULL DEFAULT 0, \
+                 last_error TEXT NULL, created_at DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, \
+                 published_at DATETIME NULL)"
+            }
+        })
+        .await;
+    let now = match fixture.backend() {
+        DbBackend::Postgres => "now()",
+        DbBackend::MySql => "CURRENT_TIMESTAMP(6)",
+        DbBackend::Sqlite => "CURRENT_TIMESTAMP",
+    };
+    fixture
+        .execute(
+            "INSERT INTO {t} (event_id, event_type, room_id, envelope) VALUES ('w1', 'room.created', 'r1', '{\"n\":1}')",
+        )
+        .await;
+    fixture
+        .execute(
+            "INSERT INTO {t} (event_id, event_type, room_id, envelope, retry_count, last_error) \
+             VALUES ('w2', 'room.renamed', 'r1', '{\"n\":2}', 2, 'broker down')",
+        )
+        .await;
+    fixture
+        .execute(&format!(
+            "INSERT INTO {{t}} (event_id, event_type, room_id, envelope, status, published_at) \
+             VALUES ('w3', 'room.renamed', 'r2', '{{\"n\":3}}', 'published', {now})"
+        ))
+        .await;
+    fixture
+        .execute(
+            "INSERT INTO {t} (event_id, event_type, room_id, envelope) VALUES ('w4', 'room.closed', 'r2', '{\"n\":4}')",
+        )
+        .await;
+}
+
+async fn adopts_the_original_workers_table(backend: Backend) {
+    let fixture = Fixture::new(backend).await;
+    create_original(&fixture).await;
+    let applied =
+        outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &Columns::default())
+            .await
+            .expect("the table is adopted");
+    assert_eq!(applied.len(), 4, "{applied:?}");
+    let store = fixture.store(Columns::default()).await;
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.pending, stats.published),
+        (3, 1),
+        "published rows stay published"
+    );
+
+    let claimed = store.claim(&claim_all()).await.unwrap();
+    let ids: Vec<&str> = claimed.iter().map(|r| r.event_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["w1", "w2", "w4"],
+        "pending rows in id order, never w3"
+    );
+    assert!(claimed.windows(2).all(|pair| pair[0].id < pair[1].id));
+    let retries: Vec<i32> = claimed.iter().map(|r| r.retry_count).collect();
+    assert_eq!(retries, [0, 2, 0], "retry counts kept");
+    assert_eq!(claimed[0].envelope, br#"{"n":1}"#);
+    publish(&store, &claimed).await;
+    assert!(store.claim(&claim_all()).await.unwrap().is_empty());
+    assert_eq!(store.stats().await.unwrap().published, 4);
+    let again =
+        outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &Columns::default())
+            .await
+            .unwrap();
+    assert!(again.is_empty(), "nothing left to do: {again:?}");
+    fixture.finish().await;
+}
+
+per_backend!(adopts_the_original_workers_table: postgres, mariadb, sqlite);
+
+async fn plan_lists_the_changes_and_makes_none(backend: Backend) {
+    let fixture = Fixture::new(backend).await;
+    create_debezium(&fixture).await;
+    insert_debezium(&fixture, &uuid(1, '1'), "a", "'{}'").await;
+    let columns = debezium_columns(fixture.backend());
+    let before = fixture.shape_of(fixture.table.as_str()).await;
+    let steps = outbox_store::plan(fixture.database.db(), &fixture.table, &columns)
+        .await
+        .expect("a plan");
+    let names: Vec<&str> = steps.iter().map(|step| step.name).collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    let adopt = steps[0].statements.join("\n");
+    let t = &fixture.table;
+    for column in [
+        "status",
+        "retry_count",
+        "available_at",
+        "locked_by",
+        "published_at",
+        "created_at",
+    ] {
+        assert!(
+            adopt.contains(&format!("ALTER TABLE {t} ADD COLUMN {column} ")),
+            "{column} missing from {adopt}"
+        );
+    }
+    if fixture.backend() != DbBackend::Sqlite {
+        assert!(
+            adopt.contains(&format!("ALTER TABLE {t} ADD COLUMN seq ")),
+            "{adopt}"
+        );
+    }
+    assert!(!adopt.contains("DROP"), "{adopt}");
+    assert_eq!(
+        fixture.shape_of(t.as_str()).await,
+        before,
+        "the table is unchanged"
+    );
+    assert!(
+        fixture
+            .shape_of(&format!("{t}_migrations"))
+            .await
+            .is_empty(),
+        "no migrations table"
+    );
+
+    let applied = outbox_store::migrate_columns(fixture.database.db(), t, &columns)
+        .await
+        .unwrap();
+    assert_eq!(applied, names, "migrate runs what plan listed");
+    let steps = outbox_store::plan(fixture.database.db(), t, &columns)
+        .await
+        .unwrap();
+    assert!(steps.is_empty(), "nothing left: {steps:?}");
+    fixture.finish().await;
+}
+
+per_backend!(plan_lists_the_changes_and_makes_none: postgres, mariadb, sqlite);
+
+async fn check_columns_names_the_setting_and_the_column(backend: Backend) {
+    let fixture = Fixture::new(backend).await;
+    let store = || SeaOrmStore::new(fixture.database.db().clone(), fixture.table.clone());
+    let columns = debezium_columns(fixture.backend());
+
+    let mut absent = store().with_columns(columns.clone());
+    match absent.check_columns().await {
+        Err(Error::NoTable(table)) => assert_eq!(table, fixture.table),
+        other => panic!("expected NoTable, got {other:?}"),
+    }
+    create_debezium(&fixture).await;
+    let mut unmigrated = store().with_columns(columns.clone());
+    let error = unmigrated.check_columns().await.unwrap_err();
+    assert!(matches!(error, Error::NotMigrated { .. }), "{error:?}");
+    assert!(
+        error.to_string().contains("run `outbox-relay migrate`"),
+        "{error}"
+    );
+
+    outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &columns)
+        .await
+        .unwrap();
+    let wrong = Columns {
+        key: name("aggregate_id"),
+        position: name("aggregatetype"),
+        ..columns
+    };
+    let mut mapped = store().with_columns(wrong);
+    let error = mapped.check_columns().await.unwrap_err();
+    let Error::Mapping { table, problems } = &error else {
+        panic!("expected Mapping, got {error:?}");
+    };
+    assert_eq!(table, &fixture.table);
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    let text = error.to_string();
+    let t = &fixture.table;
+    assert!(
+        text.contains(&format!(
+            "columns.key: column \"aggregate_id\" does not exist in table {t}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("columns.position: column \"aggregatetype\" is ")
+            && text.contains("needs an integer column"),
+        "{text}"
+    );
+    fixture.finish().await;
+}
+
+per_backend!(check_columns_names_the_setting_and_the_column: postgres, mariadb, sqlite);
+
+async fn tables_of_the_old_migration_path_are_left_alone(backend: Backend) {
+    // TestDatabase migrates its table with `outbox_store::migrate`.
+    let database = TestDatabase::new(backend).await;
+    let before = outbox_store::plan(database.db(), &database.table, &Columns::default())
+        .await
+        .unwrap();
+    assert!(before.is_empty(), "{before:?}");
+    let applied =
+        outbox_store::migrate_columns(database.db(), &database.table, &Columns::default())
+            .await
+            .unwrap();
+    assert!(applied.is_empty(), "nothing applied: {applied:?}");
+    let mut store = database.store.clone();
+    store
+        .check_columns()
+        .await
+        .expect("the default mapping fits");
+    outbox_tests::seed(&database, &[outbox_tests::event("d1", "r")]).await;
+    let claimed = store.claim(&claim_all()).await.unwrap();
+    assert_eq!(claimed[0].envelope, br#"{"id":"d1"}"#);
+    database.drop_table().await;
+}
+
+per_backend!(tables_of_the_old_migration_path_are_left_alone: postgres, mariadb, sqlite);
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02X}")).collect()
+}
+
+/// MySQL cannot index a TEXT key without a prefix: `migrate` says so, naming the setting,
+/// and changes nothing.
+async fn a_text_key_on_mysql_is_refused_by_name(backend: Backend) {
+    let fixture = Fixture::new(backend).await;
+    fixture
+        .execute(
+            "CREATE TABLE {t} (id CHAR(36) NOT NULL PRIMARY KEY, aggregateid TEXT NOT NULL, \
+             type VARCHAR(255) NOT NULL, payload LONGTEXT)",
+        )
+        .await;
+    let before = fixture.shape_of(fixture.table.as_str()).await;
+    let columns = debezium_columns(fixture.backend());
+    let error = outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &columns)
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("columns.key: column \"aggregateid\" is a TEXT or BLOB column"),
+        "{text}"
+    );
+    assert_eq!(
+        fixture.shape_of(fixture.table.as_str()).await,
+        before,
+        "nothing added"
+    );
+    fixture.finish().await;
+}
+
+per_backend!(a_text_key_on_mysql_is_refused_by_name: mariadb);
