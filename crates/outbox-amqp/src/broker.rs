@@ -74,10 +74,47 @@ pub struct AmqpSettings {
     pub declare_exchange: bool,
     /// Exchange and routing key per event.
     pub router: Router,
+    /// `amqp.key_header`: the header carrying the record's ordering key.
+    pub key_header: String,
+    /// The routing of every outbox of the process, whose exchanges [`Broker::connect`]
+    /// declares (each with its outbox's type). Empty: only the one of `router`,
+    /// `exchange_type` and `key_header` ([`AmqpSettings::routing`]).
+    pub topology: Vec<Arc<Routing>>,
     /// Properties shared by every message.
     pub message: MessageSettings,
     /// `relay.publish_timeout`.
     pub publish_timeout: Duration,
+}
+
+/// Where one outbox's events go and how they are labelled: its publishers carry it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Routing {
+    /// Exchange and routing key per event.
+    pub router: Router,
+    /// The type its exchanges are declared (and checked) with.
+    pub exchange_type: String,
+    /// The header carrying the record's ordering key.
+    pub key_header: String,
+}
+
+impl AmqpSettings {
+    /// The routing of `router`, `exchange_type` and `key_header`: the one-outbox case.
+    pub fn routing(&self) -> Routing {
+        Routing {
+            router: self.router.clone(),
+            exchange_type: self.exchange_type.clone(),
+            key_header: self.key_header.clone(),
+        }
+    }
+
+    /// Every outbox's routing: `topology`, or the default one when it is empty.
+    pub fn routings(&self) -> Vec<Arc<Routing>> {
+        if self.topology.is_empty() {
+            vec![Arc::new(self.routing())]
+        } else {
+            self.topology.clone()
+        }
+    }
 }
 
 // By hand, so the password in `url` cannot reach a log line through `{:?}`.
@@ -89,6 +126,8 @@ impl std::fmt::Debug for AmqpSettings {
             .field("exchange_type", &self.exchange_type)
             .field("declare_exchange", &self.declare_exchange)
             .field("router", &self.router)
+            .field("key_header", &self.key_header)
+            .field("topology", &self.topology)
             .field("message", &self.message)
             .field("publish_timeout", &self.publish_timeout)
             .finish()
