@@ -51,8 +51,9 @@ pub async fn start_relay(
     broker: &Broker,
 ) -> anyhow::Result<Relay> {
     let mut ports: Vec<Arc<dyn EventPublisher>> = Vec::with_capacity(config.relay.publishers);
+    let routing = &config.outboxes[0].routing;
     for _ in 0..config.relay.publishers {
-        ports.push(Arc::new(broker.publisher().await?));
+        ports.push(Arc::new(broker.publisher_for(Arc::clone(routing)).await?));
     }
     let mut relay = Relay::start(Arc::new(store.clone()), ports, config.relay.clone()).await?;
     let database = &config.database;
