@@ -42,6 +42,24 @@ pub async fn open_selected(
     selector: Option<&str>,
     migrate: bool,
 ) -> anyhow::Result<Vec<OpenOutbox>> {
+    let mut opened = open_unchecked(config, selector).await?;
+    for outbox in &mut opened {
+        if migrate {
+            for name in migrate_table(&outbox.store).await? {
+                info!(outbox = %outbox.config.name, migration = name, table = %outbox.config.table, "migration applied");
+            }
+        }
+        check_columns(&outbox.config.name, &mut outbox.store).await?;
+    }
+    Ok(opened)
+}
+
+/// The outboxes `selector` names, connected (one pool per distinct URL) but their tables
+/// neither migrated nor checked: for `migrate` and `check-config`, which check afterwards.
+pub async fn open_unchecked(
+    config: &Config,
+    selector: Option<&str>,
+) -> anyhow::Result<Vec<OpenOutbox>> {
     let selected = config.select_outboxes(selector).map_err(ConfigProblem)?;
     // A store per distinct URL, whose pool the other outboxes there share.
     let mut pools: HashMap<&str, SeaOrmStore> = HashMap::new();
@@ -58,17 +76,10 @@ pub async fn open_selected(
                     )
                 })?,
         };
-        let mut store =
-            SeaOrmStore::new(db, outbox.table.clone()).with_columns(outbox.columns.clone());
+        let store = SeaOrmStore::new(db, outbox.table.clone()).with_columns(outbox.columns.clone());
         pools
             .entry(&outbox.database_url)
             .or_insert_with(|| store.clone());
-        if migrate {
-            for name in migrate_table(&store).await? {
-                info!(outbox = %outbox.name, migration = name, table = %outbox.table, "migration applied");
-            }
-        }
-        check_columns(&outbox.name, &mut store).await?;
         opened.push(OpenOutbox {
             config: outbox.clone(),
             store,
