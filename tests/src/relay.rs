@@ -11,22 +11,36 @@ pub fn settings_env(settings: &Settings) -> Vec<(String, String)> {
     let mut env = Vec::new();
     for (section, keys) in value.as_object().expect("an object") {
         for (key, value) in keys.as_object().expect("sections are objects") {
-            let text = match value {
-                serde_json::Value::String(text) => text.clone(),
-                serde_json::Value::Array(items) if items.is_empty() => continue,
-                other => other.to_string(),
-            };
-            env.push((
-                format!(
-                    "OUTBOX_RELAY__{}__{}",
-                    section.to_uppercase(),
-                    key.to_uppercase()
-                ),
-                text,
-            ));
+            let name = format!(
+                "OUTBOX_RELAY__{}__{}",
+                section.to_uppercase(),
+                key.to_uppercase()
+            );
+            // A table inside a section (`[database.columns]`): a variable per key.
+            if let serde_json::Value::Object(inner) = value {
+                for (inner_key, value) in inner {
+                    env.push((
+                        format!("{name}__{}", inner_key.to_uppercase()),
+                        env_text(value),
+                    ));
+                }
+                continue;
+            }
+            if matches!(value, serde_json::Value::Array(items) if items.is_empty()) {
+                continue;
+            }
+            env.push((name, env_text(value)));
         }
     }
     env
+}
+
+/// A setting's value as an `OUTBOX_RELAY__…` variable spells it.
+fn env_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// A relay running in the test's own actix system, as `outbox-relay run` would run it.

@@ -245,6 +245,33 @@ mod tests {
     }
 
     #[test]
+    fn the_outbox_selector_is_accepted_by_the_table_commands() {
+        for args in [
+            &["status", "--outbox", "orders"][..],
+            &["dead", "list", "--outbox", "orders"],
+            &["dead", "requeue", "--all", "--outbox", "orders"],
+            &["purge", "--older-than", "7d", "--outbox", "orders"],
+            &["migrate", "--outbox", "orders", "--dry-run"],
+        ] {
+            let cli =
+                Cli::try_parse_from(std::iter::once("outbox-relay").chain(args.iter().copied()))
+                    .unwrap_or_else(|error| panic!("{args:?}: {error}"));
+            let outbox = match cli.command {
+                Command::Status(args) => args.outbox,
+                Command::Dead(DeadCommand::List { outbox, .. })
+                | Command::Dead(DeadCommand::Requeue { outbox, .. }) => outbox,
+                Command::Purge(args) => args.outbox,
+                Command::Migrate(args) => {
+                    assert!(args.dry_run);
+                    args.outbox
+                }
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(outbox.as_deref(), Some("orders"), "{args:?}");
+        }
+    }
+
+    #[test]
     fn purge_takes_a_duration_above_zero() {
         let cli = Cli::try_parse_from(["outbox-relay", "purge", "--older-than", "7d", "--dead"])
             .expect("parses");

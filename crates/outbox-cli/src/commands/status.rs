@@ -93,3 +93,66 @@ fn as_json(all: &[(&crate::settings::OutboxConfig, OutboxStats)]) -> Value {
         "outboxes": each,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Settings;
+
+    fn two_outboxes() -> crate::settings::Config {
+        let mut settings = Settings::default();
+        for table in ["a_outbox", "b_outbox"] {
+            settings.outboxes.push(crate::settings::OutboxSettings {
+                table: table.into(),
+                ..Default::default()
+            });
+        }
+        settings.validate().expect("valid")
+    }
+
+    fn stats(pending: u64, oldest: Option<f64>, claimed: &[(&str, u64)]) -> OutboxStats {
+        OutboxStats {
+            pending,
+            published: 10,
+            dead: 1,
+            oldest_pending_age_seconds: oldest,
+            claimed: claimed.iter().map(|(n, r)| (n.to_string(), *r)).collect(),
+            expired_leases: 2,
+        }
+    }
+
+    #[test]
+    fn one_outbox_prints_the_one_object_with_its_name() {
+        let config = two_outboxes();
+        let value = as_json(&[(&config.outboxes[0], stats(3, Some(1.5), &[("n1", 3)]))]);
+        assert_eq!(value["outbox"], "a_outbox");
+        assert_eq!(value["table"], "a_outbox");
+        assert_eq!(value["pending"], 3);
+        assert_eq!(value["claimed"]["n1"], 3);
+        assert!(value.get("outboxes").is_none());
+    }
+
+    #[test]
+    fn several_outboxes_print_totals_and_each_by_name() {
+        let config = two_outboxes();
+        let value = as_json(&[
+            (&config.outboxes[0], stats(3, Some(1.5), &[("n1", 3)])),
+            (
+                &config.outboxes[1],
+                stats(4, Some(9.0), &[("n1", 1), ("n2", 2)]),
+            ),
+        ]);
+        assert_eq!(value["pending"], 7);
+        assert_eq!(value["published"], 20);
+        assert_eq!(value["dead"], 2);
+        assert_eq!(value["expired_leases"], 4);
+        assert_eq!(
+            value["oldest_pending_age_seconds"], 9.0,
+            "the oldest of all"
+        );
+        assert_eq!(value["claimed"]["n1"], 4, "claims merged by node");
+        assert_eq!(value["claimed"]["n2"], 2);
+        assert_eq!(value["outboxes"]["b_outbox"]["pending"], 4);
+        assert_eq!(value["outboxes"]["a_outbox"]["outbox"], "a_outbox");
+    }
+}
