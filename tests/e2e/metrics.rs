@@ -191,11 +191,13 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
         Some(0.0),
         "registered at start, so it reads 0 rather than being absent"
     );
+    // Each relay metric also names its outbox (the table, without [[outboxes]]).
     assert!(
         text.contains(&format!(
-            "outbox_events_published_total{{node_id=\"{node}\"}}"
+            "outbox_events_published_total{{node_id=\"{node}\",outbox=\"{}\"}}",
+            app.database.table
         )),
-        "labelled with the node:\n{text}"
+        "labelled with the node and the outbox:\n{text}"
     );
     eventually(
         "the pending gauge to show the drained table",

@@ -74,10 +74,47 @@ pub struct AmqpSettings {
     pub declare_exchange: bool,
     /// Exchange and routing key per event.
     pub router: Router,
+    /// `amqp.key_header`: the header carrying the record's ordering key.
+    pub key_header: String,
+    /// The routing of every outbox of the process, whose exchanges [`Broker::connect`]
+    /// declares (each with its outbox's type). Empty: only the one of `router`,
+    /// `exchange_type` and `key_header` ([`AmqpSettings::routing`]).
+    pub topology: Vec<Arc<Routing>>,
     /// Properties shared by every message.
     pub message: MessageSettings,
     /// `relay.publish_timeout`.
     pub publish_timeout: Duration,
+}
+
+/// Where one outbox's events go and how they are labelled: its publishers carry it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Routing {
+    /// Exchange and routing key per event.
+    pub router: Router,
+    /// The type its exchanges are declared (and checked) with.
+    pub exchange_type: String,
+    /// The header carrying the record's ordering key.
+    pub key_header: String,
+}
+
+impl AmqpSettings {
+    /// The routing of `router`, `exchange_type` and `key_header`: the one-outbox case.
+    pub fn routing(&self) -> Routing {
+        Routing {
+            router: self.router.clone(),
+            exchange_type: self.exchange_type.clone(),
+            key_header: self.key_header.clone(),
+        }
+    }
+
+    /// Every outbox's routing: `topology`, or the default one when it is empty.
+    pub fn routings(&self) -> Vec<Arc<Routing>> {
+        if self.topology.is_empty() {
+            vec![Arc::new(self.routing())]
+        } else {
+            self.topology.clone()
+        }
+    }
 }
 
 // By hand, so the password in `url` cannot reach a log line through `{:?}`.
@@ -89,6 +126,8 @@ impl std::fmt::Debug for AmqpSettings {
             .field("exchange_type", &self.exchange_type)
             .field("declare_exchange", &self.declare_exchange)
             .field("router", &self.router)
+            .field("key_header", &self.key_header)
+            .field("topology", &self.topology)
             .field("message", &self.message)
             .field("publish_timeout", &self.publish_timeout)
             .finish()
@@ -149,9 +188,10 @@ impl Broker {
         let settings = Arc::new(settings);
         let connection = open(&settings).await?;
         let declared = if settings.declare_exchange {
-            exchanges(&settings.router)
-                .into_iter()
-                .map(str::to_owned)
+            settings
+                .routings()
+                .iter()
+                .flat_map(|routing| exchanges(&routing.router).into_iter().map(str::to_owned))
                 .collect()
         } else {
             HashSet::new()
@@ -171,11 +211,19 @@ impl Broker {
         })
     }
 
-    /// Opens one channel in confirm mode: the unit a Publisher actor owns. Publishers get
-    /// a new one from the link by themselves when theirs closes.
+    /// Opens one channel in confirm mode: the unit a Publisher actor owns, routing as the
+    /// top-level settings say ([`AmqpSettings::routing`]). Publishers get a new one from
+    /// the link by themselves when theirs closes.
     pub async fn publisher(&self) -> Result<AmqpPublisher, AmqpError> {
+        self.publisher_for(Arc::new(self.link.settings.routing()))
+            .await
+    }
+
+    /// [`Broker::publisher`] for one outbox: its messages go and are labelled as `routing`
+    /// says, on this one connection.
+    pub async fn publisher_for(&self, routing: Arc<Routing>) -> Result<AmqpPublisher, AmqpError> {
         let channel = self.link.confirm_channel().await?;
-        Ok(AmqpPublisher::new(channel, Arc::clone(&self.link)))
+        Ok(AmqpPublisher::new(channel, Arc::clone(&self.link), routing))
     }
 
     /// Whether the link is usable: the connection is open, or was down and opened again now
@@ -299,8 +347,13 @@ impl Link {
         }
     }
 
-    /// Checks once that `exchange` exists (a passive declare on a throwaway channel).
-    pub(crate) async fn verify_exchange(&self, exchange: &str) -> Result<(), String> {
+    /// Checks once that `exchange` (of type `exchange_type`) exists (a passive declare on a
+    /// throwaway channel).
+    pub(crate) async fn verify_exchange(
+        &self,
+        exchange: &str,
+        exchange_type: &str,
+    ) -> Result<(), String> {
         if exchange.is_empty() || self.exchanges.lock().unwrap().contains(exchange) {
             return Ok(());
         }
@@ -313,7 +366,7 @@ impl Link {
             passive: true,
             ..ExchangeDeclareOptions::default()
         };
-        let kind = exchange_kind(&self.settings.exchange_type);
+        let kind = exchange_kind(exchange_type);
         match channel
             .exchange_declare(exchange.into(), kind, options, FieldTable::default())
             .await
@@ -366,28 +419,38 @@ async fn declare_topology(
         .create_channel()
         .await
         .map_err(AmqpError::Channel)?;
-    for exchange in exchanges(&settings.router) {
-        // The default exchange ("") exists and cannot be declared.
-        if exchange.is_empty() {
-            continue;
+    // Every outbox's exchanges, each with its outbox's type (two outboxes naming one
+    // exchange with two types fail here, as the broker refuses the second).
+    let routings = settings.routings();
+    // Collected first: closures held across the awaits below would make this future
+    // (part of every publish's reconnection) lose `Send`.
+    let mut declared: Vec<(String, String)> = Vec::new();
+    for routing in &routings {
+        for exchange in exchanges(&routing.router) {
+            // The default exchange ("") exists and cannot be declared.
+            let pair = (exchange.to_owned(), routing.exchange_type.clone());
+            if !exchange.is_empty() && !declared.contains(&pair) {
+                declared.push(pair);
+            }
         }
+    }
+    for (exchange, kind) in declared {
         let options = ExchangeDeclareOptions {
             durable: true,
             auto_delete: false,
             ..ExchangeDeclareOptions::default()
         };
-        let kind = &settings.exchange_type;
         channel
             .exchange_declare(
-                exchange.into(),
-                exchange_kind(kind),
+                exchange.as_str().into(),
+                exchange_kind(&kind),
                 options,
                 FieldTable::default(),
             )
             .await
             .map_err(|source| AmqpError::Declare {
-                exchange: exchange.to_owned(),
-                kind: kind.clone(),
+                exchange,
+                kind,
                 source,
             })?;
     }

@@ -11,7 +11,7 @@ pub mod message;
 pub mod publisher;
 pub mod tap;
 
-pub use broker::{AmqpError, AmqpSettings, Broker};
+pub use broker::{AmqpError, AmqpSettings, Broker, Routing};
 pub use message::MessageSettings;
 pub use publisher::AmqpPublisher;
 pub use tap::{Tap, TapQueue};

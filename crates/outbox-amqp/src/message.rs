@@ -30,11 +30,13 @@ pub fn check_body(length: usize, limit: usize) -> Result<(), PublishError> {
     Ok(())
 }
 
-/// Properties and headers of `record`. A `headers` column that is not a JSON object of
+/// Properties and headers of `record`; header `key_header` carries its ordering key (the
+/// record's `room_id`, whichever column it was read from). A `headers` column that is not a JSON object of
 /// strings can never be published: it is a permanent failure.
 pub fn properties(
     record: &OutboxRecord,
     settings: &MessageSettings,
+    key_header: &str,
 ) -> Result<BasicProperties, PublishError> {
     let mut headers = FieldTable::default();
     if let Some(extra) = record.headers.as_deref().filter(|h| !h.trim().is_empty()) {
@@ -43,7 +45,7 @@ pub fn properties(
         }
     }
     // The relay's own headers win over a row's headers of the same name.
-    headers.insert("room_id".into(), long_string(record.room_id.clone()));
+    headers.insert(key_header.into(), long_string(record.room_id.clone()));
     headers.insert("outbox_id".into(), AMQPValue::LongLongInt(record.id));
     headers.insert("retry_count".into(), AMQPValue::LongInt(record.retry_count));
     headers.insert("node_id".into(), long_string(settings.node_id.clone()));
@@ -120,6 +122,7 @@ mod tests {
         let props = properties(
             &record(Some(r#"{"traceparent":"00-ab","room_id":"spoof"}"#)),
             &settings(),
+            "room_id",
         )
         .unwrap();
         assert_eq!(props.message_id().as_ref().unwrap().as_str(), "ev-7");
@@ -138,6 +141,29 @@ mod tests {
     }
 
     #[test]
+    fn the_ordering_key_goes_in_the_outbox_key_header() {
+        let props = properties(
+            &record(Some(r#"{"aggregateid":"spoof","room_id":"kept"}"#)),
+            &settings(),
+            "aggregateid",
+        )
+        .unwrap();
+        let headers = props.headers().as_ref().unwrap().inner();
+        assert_eq!(
+            headers.get("aggregateid"),
+            Some(&long_string("r1".into())),
+            "the record's key, winning over the row's header of that name"
+        );
+        assert_eq!(
+            headers.get("room_id"),
+            Some(&long_string("kept".into())),
+            "no room_id header of the relay's own: the row's passes through"
+        );
+        assert_eq!(headers.get("outbox_id"), Some(&AMQPValue::LongLongInt(7)));
+        assert_eq!(headers.get("node_id"), Some(&long_string("node-a".into())));
+    }
+
+    #[test]
     fn bodies_over_the_broker_limit_are_permanent_failures() {
         assert!(check_body(MAX_BODY_BYTES, MAX_BODY_BYTES).is_ok());
         let error = check_body(MAX_BODY_BYTES + 1, MAX_BODY_BYTES).unwrap_err();
@@ -151,7 +177,7 @@ mod tests {
     #[test]
     fn headers_that_are_not_an_object_of_strings_are_permanent_failures() {
         for bad in ["[1]", "{\"a\":1}", "not json"] {
-            let error = properties(&record(Some(bad)), &settings()).unwrap_err();
+            let error = properties(&record(Some(bad)), &settings(), "room_id").unwrap_err();
             assert!(error.is_permanent(), "{bad}: {error}");
             assert!(error.to_string().contains("headers column"), "{error}");
         }

@@ -1,6 +1,6 @@
 //! [`AmqpPublisher`]: the [`EventPublisher`] port on one confirm channel.
 
-use crate::broker::Link;
+use crate::broker::{Link, Routing};
 use crate::message::{check_body, properties};
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
@@ -21,13 +21,16 @@ pub(crate) const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_
 pub struct AmqpPublisher {
     channel: Mutex<Option<Channel>>,
     link: Arc<Link>,
+    /// Where its outbox's messages go, and the header of their ordering key.
+    routing: Arc<Routing>,
 }
 
 impl AmqpPublisher {
-    pub(crate) fn new(channel: Channel, link: Arc<Link>) -> Self {
+    pub(crate) fn new(channel: Channel, link: Arc<Link>, routing: Arc<Routing>) -> Self {
         Self {
             channel: Mutex::new(Some(channel)),
             link,
+            routing,
         }
     }
 
@@ -60,16 +63,20 @@ impl EventPublisher for AmqpPublisher {
         // One deadline for hand-off and confirm: a broker that blocks publishers
         // (flow control) fails the publish as surely as one that never confirms.
         let deadline = Instant::now() + timeout;
-        let (exchange, routing_key) = settings
+        let routing = Arc::clone(&self.routing);
+        let (exchange, routing_key) = routing
             .router
             .route(&record.event_type, &record.room_id)
             .map_err(|error| PublishError::Invalid(error.to_string()))?;
         check_body(record.envelope.len(), settings.message.max_body_bytes)?;
-        timeout_at(deadline, self.link.verify_exchange(exchange))
-            .await
-            .map_err(|_| PublishError::Timeout(timeout))?
-            .map_err(PublishError::Channel)?;
-        let properties = properties(record, &settings.message)?;
+        timeout_at(
+            deadline,
+            self.link.verify_exchange(exchange, &routing.exchange_type),
+        )
+        .await
+        .map_err(|_| PublishError::Timeout(timeout))?
+        .map_err(PublishError::Channel)?;
+        let properties = properties(record, &settings.message, &routing.key_header)?;
         let channel = timeout_at(deadline, self.channel())
             .await
             .map_err(|_| PublishError::Timeout(timeout))??;

@@ -55,14 +55,18 @@ pub enum Command {
     Run,
     /// Create or upgrade the outbox table and its indexes.
     ///
-    /// Applies the migrations the table (database.table) does not have yet and prints each;
-    /// safe to run again. Use it from a deployment when database.migrate_on_start is false.
-    Migrate,
+    /// Applies the migrations each outbox's table does not have yet and prints each; safe
+    /// to run again. A producer's existing table gets the relay's bookkeeping columns and
+    /// indexes, its own columns and rows untouched. Use it from a deployment when
+    /// database.migrate_on_start is false.
+    Migrate(MigrateArgs),
     /// Validate the settings and print the effective values (secrets redacted).
     ///
     /// Loads the defaults, the file and the OUTBOX_RELAY__ variables, validates them as
-    /// `run` would, and prints the result as TOML, passwords shown as ***. Connects to
-    /// nothing. Exit code 2 with a message naming the key when a setting is invalid.
+    /// `run` would, and prints the result as TOML, passwords shown as ***, then each
+    /// outbox. Then connects to each outbox's database where it can and checks the column
+    /// mapping against its table (a database it cannot reach is a warning). Exit code 2
+    /// with a message naming the key, or the outbox and column, when a setting is wrong.
     CheckConfig,
     /// Show counts by status, the oldest pending age and the rows claimed per node.
     Status(StatusArgs),
@@ -98,6 +102,20 @@ pub struct PurgeArgs {
     /// it dead rows are kept, for `dead list` and `dead requeue`.
     #[arg(long)]
     pub dead: bool,
+    /// Only this outbox (its name; default: every outbox).
+    #[arg(long, value_name = "NAME")]
+    pub outbox: Option<String>,
+}
+
+/// `migrate` options.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Print, per outbox, the steps and statements that would run, and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Only this outbox (its name; default: every outbox).
+    #[arg(long, value_name = "NAME")]
+    pub outbox: Option<String>,
 }
 
 /// A duration above zero: `purge --older-than 0s` would delete every published row, which
@@ -116,9 +134,14 @@ fn parse_age(value: &str) -> Result<Duration, String> {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print one JSON object instead of a table: pending, published, dead,
-    /// oldest_pending_age_seconds, claimed (rows per node_id), expired_leases, table.
+    /// oldest_pending_age_seconds, claimed (rows per node_id), expired_leases, table,
+    /// outbox. With several outboxes: the totals, and "outboxes" with one such object
+    /// per outbox name.
     #[arg(long)]
     pub json: bool,
+    /// Only this outbox (its name; default: every outbox).
+    #[arg(long, value_name = "NAME")]
+    pub outbox: Option<String>,
 }
 
 /// `dead` subcommands.
@@ -126,11 +149,11 @@ pub struct StatusArgs {
 pub enum DeadCommand {
     /// List dead events with their last error.
     ///
-    /// One line per event, oldest first, tab-separated: event_id, room_id, event_type,
-    /// retry_count, last_error.
+    /// One line per event, oldest first per outbox, tab-separated: event_id, room_id,
+    /// event_type, retry_count, last_error, outbox.
     List {
         /// Print one JSON object per line instead (id, event_id, event_type, room_id,
-        /// retry_count, last_error, created_at).
+        /// retry_count, last_error, created_at, outbox).
         #[arg(long)]
         json: bool,
         /// At most this many rows, oldest first.
@@ -142,6 +165,9 @@ pub enum DeadCommand {
         /// Only dead events of this type.
         #[arg(long, value_name = "TYPE")]
         event_type: Option<String>,
+        /// Only this outbox (its name; default: every outbox).
+        #[arg(long, value_name = "NAME")]
+        outbox: Option<String>,
     },
     /// Make dead events pending again (retry_count 0, available now).
     ///
@@ -157,6 +183,9 @@ pub enum DeadCommand {
         /// Requeue every dead event.
         #[arg(long, conflicts_with_all = ["event_ids", "room"])]
         all: bool,
+        /// Only this outbox (its name; default: every outbox).
+        #[arg(long, value_name = "NAME")]
+        outbox: Option<String>,
     },
 }
 
@@ -212,6 +241,33 @@ mod tests {
                     arg.get_id()
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_outbox_selector_is_accepted_by_the_table_commands() {
+        for args in [
+            &["status", "--outbox", "orders"][..],
+            &["dead", "list", "--outbox", "orders"],
+            &["dead", "requeue", "--all", "--outbox", "orders"],
+            &["purge", "--older-than", "7d", "--outbox", "orders"],
+            &["migrate", "--outbox", "orders", "--dry-run"],
+        ] {
+            let cli =
+                Cli::try_parse_from(std::iter::once("outbox-relay").chain(args.iter().copied()))
+                    .unwrap_or_else(|error| panic!("{args:?}: {error}"));
+            let outbox = match cli.command {
+                Command::Status(args) => args.outbox,
+                Command::Dead(DeadCommand::List { outbox, .. })
+                | Command::Dead(DeadCommand::Requeue { outbox, .. }) => outbox,
+                Command::Purge(args) => args.outbox,
+                Command::Migrate(args) => {
+                    assert!(args.dry_run);
+                    args.outbox
+                }
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(outbox.as_deref(), Some("orders"), "{args:?}");
         }
     }
 

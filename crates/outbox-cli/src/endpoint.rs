@@ -3,8 +3,8 @@
 //!
 //! - `GET /metrics`: every metric in the Prometheus text format, labelled `node_id`.
 //! - `GET /healthz`: 200 while the process runs (it answers, so it is alive).
-//! - `GET /readyz`: 200 while the database and the broker are usable, else 503 with a
-//!   line saying which is not.
+//! - `GET /readyz`: 200 while every outbox's database and the broker are usable, else 503
+//!   with a line saying which is not.
 //!
 //! The actors record through the `metrics` facade (`outbox_relay::instruments`); this
 //! module installs the Prometheus recorder behind it and serves it with actix-web on a
@@ -159,12 +159,26 @@ impl Endpoint {
 
     /// Keeps readiness and the backlog gauges current; runs until dropped. The broker every
     /// second (lapin's status flag while connected, a reconnect within the link's backoff
-    /// while not, so an idle relay is ready again soon); the database by the gauges' backlog
-    /// query every 5 s, every second while it fails or takes over 3 s. Poll it only while
-    /// the relay runs: after [`Broker::close`] a broker probe would open the connection again.
-    pub async fn probe<S: OutboxStore>(&self, store: &S, broker: &Broker) -> Infallible {
-        let pending = metrics::gauge!(instruments::PENDING_EVENTS);
-        let oldest = metrics::gauge!(instruments::OLDEST_PENDING_AGE);
+    /// while not, so an idle relay is ready again soon); each outbox's database by the
+    /// gauges' backlog query (labelled `outbox`) every 5 s, every second while one fails or
+    /// takes over 3 s. `stores` are the outboxes by name. Poll it only while the relay
+    /// runs: after [`Broker::close`] a broker probe would open the connection again.
+    pub async fn probe<S: OutboxStore>(
+        &self,
+        stores: &[(&str, &S)],
+        broker: &Broker,
+    ) -> Infallible {
+        let gauges: Vec<_> = stores
+            .iter()
+            .map(|(name, store)| {
+                let label = || name.to_string();
+                (
+                    *store,
+                    metrics::gauge!(instruments::PENDING_EVENTS, "outbox" => label()),
+                    metrics::gauge!(instruments::OLDEST_PENDING_AGE, "outbox" => label()),
+                )
+            })
+            .collect();
         let mut backlog_due = Instant::now();
         // Readiness as last logged: a change is logged once (the links log the details of
         // their own losses and recoveries).
@@ -173,15 +187,17 @@ impl Endpoint {
             let usable = broker.probe().await;
             self.health.broker.store(usable, Ordering::Relaxed);
             if Instant::now() >= backlog_due {
-                let backlog = tokio::time::timeout(BACKLOG_TIMEOUT, store.backlog()).await;
-                let usable = match backlog {
-                    Ok(Ok(backlog)) => {
-                        pending.set(backlog.pending as f64);
-                        oldest.set(backlog.oldest_pending_age_seconds.unwrap_or(0.0));
-                        true
+                let mut usable = true;
+                for (store, pending, oldest) in &gauges {
+                    let backlog = tokio::time::timeout(BACKLOG_TIMEOUT, store.backlog()).await;
+                    match backlog {
+                        Ok(Ok(backlog)) => {
+                            pending.set(backlog.pending as f64);
+                            oldest.set(backlog.oldest_pending_age_seconds.unwrap_or(0.0));
+                        }
+                        Ok(Err(_)) | Err(_) => usable = false,
                     }
-                    Ok(Err(_)) | Err(_) => false,
-                };
+                }
                 self.health.database.store(usable, Ordering::Relaxed);
                 backlog_due = Instant::now() + if usable { BACKLOG_EVERY } else { PROBE_EVERY };
             }

@@ -59,6 +59,12 @@ pub fn main() -> ExitCode {
     let system = actix_rt::System::new();
     match system.block_on(commands::dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.downcast_ref::<startup::ConfigProblem>().is_some() => {
+            let error = secrets.scrub(&format!("{error:#}"));
+            tracing::error!(%error, "outbox-relay cannot run with these settings");
+            eprintln!("error: {error}");
+            ExitCode::from(EXIT_CONFIG)
+        }
         Err(error) => {
             // Our messages carry redacted URLs only; a library's may echo more.
             let error = secrets.scrub(&format!("{error:#}"));

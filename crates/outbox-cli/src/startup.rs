@@ -1,79 +1,207 @@
-//! Opening the store and the broker and starting the relay: shared by `run`, `demo` and
-//! the end-to-end tests.
+//! Opening the stores and the broker and starting the relays: shared by `run`, `demo`, the
+//! other commands and the end-to-end tests.
 
-use crate::settings::Config;
+use crate::settings::{Config, OutboxConfig};
 use anyhow::Context as _;
-use outbox_amqp::Broker;
-use outbox_core::EventPublisher;
-use outbox_relay::Relay;
+use outbox_amqp::{Broker, Routing};
+use outbox_core::{EventPublisher, RelayOptions};
+use outbox_relay::{Relay, Relays};
 use outbox_store::{SeaOrmStore, WakeUps};
+use std::collections::HashMap;
 use std::sync::Arc;
+use thiserror::Error;
 use tracing::info;
 
-/// Connects to the database; migrates first when `migrate` is set.
-pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<SeaOrmStore> {
-    let database = &config.database;
-    let db = outbox_store::connect(&database.url, database.max_connections)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot connect to the database at {}",
-                database.redacted_url
-            )
-        })?;
-    let store = SeaOrmStore::new(db, database.table.clone());
-    if migrate {
-        for name in migrate_table(&store).await? {
-            info!(migration = name, table = %database.table, "migration applied");
-        }
-    }
-    Ok(store)
+/// A problem of the settings or of the command line that only shows once the databases
+/// are asked (a column mapping that does not fit its table) or the outboxes are known (an
+/// unknown `--outbox`): exit code 2, like a bad setting.
+#[derive(Debug, Error)]
+#[error("{0}")]
+pub struct ConfigProblem(pub String);
+
+/// One outbox, its store opened and its mapping checked.
+#[derive(Debug, Clone)]
+pub struct OpenOutbox {
+    /// Its settings.
+    pub config: OutboxConfig,
+    /// Its table, read through its mapping.
+    pub store: SeaOrmStore,
 }
 
-/// Creates or upgrades the store's table; returns the migrations applied now.
+/// Opens every outbox ([`open_selected`] with no selector).
+pub async fn open_outboxes(config: &Config, migrate: bool) -> anyhow::Result<Vec<OpenOutbox>> {
+    open_selected(config, None, migrate).await
+}
+
+/// Opens the outboxes `selector` names (`--outbox`; `None`: every one): one pool per
+/// distinct database URL, shared; migrates each table first when `migrate` is set; then
+/// checks each mapping against its table. A mapping that does not fit, or an unknown
+/// name, is a [`ConfigProblem`].
+pub async fn open_selected(
+    config: &Config,
+    selector: Option<&str>,
+    migrate: bool,
+) -> anyhow::Result<Vec<OpenOutbox>> {
+    let mut opened = open_unchecked(config, selector).await?;
+    for outbox in &mut opened {
+        if migrate {
+            for name in migrate_table(&outbox.store).await? {
+                info!(outbox = %outbox.config.name, migration = name, table = %outbox.config.table, "migration applied");
+            }
+        }
+        check_columns(&outbox.config.name, &mut outbox.store).await?;
+    }
+    Ok(opened)
+}
+
+/// The outboxes `selector` names, connected (one pool per distinct URL) but their tables
+/// neither migrated nor checked: for `migrate` and `check-config`, which check afterwards.
+pub async fn open_unchecked(
+    config: &Config,
+    selector: Option<&str>,
+) -> anyhow::Result<Vec<OpenOutbox>> {
+    let selected = config.select_outboxes(selector).map_err(ConfigProblem)?;
+    // A store per distinct URL, whose pool the other outboxes there share.
+    let mut pools: HashMap<&str, SeaOrmStore> = HashMap::new();
+    let mut opened = Vec::with_capacity(selected.len());
+    for outbox in selected {
+        let db = match pools.get(outbox.database_url.as_str()) {
+            Some(store) => store.connection().clone(),
+            None => outbox_store::connect(&outbox.database_url, config.database.max_connections)
+                .await
+                .with_context(|| {
+                    format!(
+                        "outbox {}: cannot connect to the database at {}",
+                        outbox.name, outbox.redacted_database_url
+                    )
+                })?,
+        };
+        let store = SeaOrmStore::new(db, outbox.table.clone()).with_columns(outbox.columns.clone());
+        pools
+            .entry(&outbox.database_url)
+            .or_insert_with(|| store.clone());
+        opened.push(OpenOutbox {
+            config: outbox.clone(),
+            store,
+        });
+    }
+    Ok(opened)
+}
+
+/// Checks the store's mapping against its table: a mapping problem is a
+/// [`ConfigProblem`] (`outbox orders: orders_outbox: columns.key: column "x" does not
+/// exist in table orders_outbox`), a missing table a runtime error.
+pub async fn check_columns(outbox: &str, store: &mut SeaOrmStore) -> anyhow::Result<()> {
+    match store.check_columns().await {
+        Ok(()) => Ok(()),
+        Err(outbox_store::Error::Mapping { table, problems }) => {
+            let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            Err(ConfigProblem(format!("outbox {outbox}: {table}: {}", problems.join("; "))).into())
+        }
+        Err(error) => Err(anyhow::Error::new(error).context(format!("outbox {outbox}"))),
+    }
+}
+
+/// Connects to the database of the first outbox (the one-outbox case: demo, bench,
+/// tests) and checks its mapping; migrates first when `migrate` is set.
+pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<SeaOrmStore> {
+    let first = config.outboxes[0].name.clone();
+    let mut opened = open_selected(config, Some(&first), migrate).await?;
+    Ok(opened.remove(0).store)
+}
+
+/// Creates or upgrades the store's table for its mapping; returns the migrations applied
+/// now.
 pub async fn migrate_table(store: &SeaOrmStore) -> anyhow::Result<Vec<&'static str>> {
-    outbox_store::migrate(store.connection(), store.table())
+    outbox_store::migrate_columns(store.connection(), store.table(), store.columns())
         .await
         .with_context(|| format!("cannot migrate table {}", store.table()))
 }
 
-/// Connects to RabbitMQ and declares the topology.
+/// Connects to RabbitMQ and declares every outbox's exchanges.
 pub async fn open_broker(config: &Config) -> anyhow::Result<Broker> {
     Ok(Broker::connect(config.amqp.clone()).await?)
 }
 
-/// Opens one confirm channel per publisher and starts the relay's actors, with the insert
-/// wake-ups the settings allow: LISTEN on PostgreSQL (`database.notify`), else a probe
-/// (`database.probe`).
+/// Starts the relay of the first outbox on `store` ([`Config::relay`] and the first
+/// outbox's routing): the one-outbox callers (demo, bench, tests).
 pub async fn start_relay(
     config: &Config,
     store: &SeaOrmStore,
     broker: &Broker,
 ) -> anyhow::Result<Relay> {
-    let mut ports: Vec<Arc<dyn EventPublisher>> = Vec::with_capacity(config.relay.publishers);
-    for _ in 0..config.relay.publishers {
-        ports.push(Arc::new(broker.publisher().await?));
+    let outbox = &config.outboxes[0];
+    start_one(
+        config,
+        config.relay.clone(),
+        &outbox.routing,
+        &outbox.database_url,
+        store,
+        broker,
+    )
+    .await
+}
+
+/// Starts one relay per opened outbox, each with its own actors and publisher channels on
+/// the one broker connection.
+pub async fn start_relays(
+    config: &Config,
+    outboxes: &[OpenOutbox],
+    broker: &Broker,
+) -> anyhow::Result<Relays> {
+    let mut relays = Vec::with_capacity(outboxes.len());
+    for outbox in outboxes {
+        let options = outbox.config.relay_options(&config.relay);
+        let relay = start_one(
+            config,
+            options,
+            &outbox.config.routing,
+            &outbox.config.database_url,
+            &outbox.store,
+            broker,
+        )
+        .await?;
+        relays.push(relay);
     }
-    let mut relay = Relay::start(Arc::new(store.clone()), ports, config.relay.clone()).await?;
+    Ok(Relays::new(relays))
+}
+
+/// Opens one confirm channel per publisher and starts a relay's actors, with the insert
+/// wake-ups the settings allow: LISTEN on PostgreSQL (`database.notify`), else a probe
+/// (`database.probe`).
+async fn start_one(
+    config: &Config,
+    options: RelayOptions,
+    routing: &Arc<Routing>,
+    url: &str,
+    store: &SeaOrmStore,
+    broker: &Broker,
+) -> anyhow::Result<Relay> {
+    let mut ports: Vec<Arc<dyn EventPublisher>> = Vec::with_capacity(options.publishers);
+    for _ in 0..options.publishers {
+        ports.push(Arc::new(broker.publisher_for(Arc::clone(routing)).await?));
+    }
+    let outbox = options.outbox.clone();
+    let poll_interval = options.poll_interval;
+    let mut relay = Relay::start(Arc::new(store.clone()), ports, options).await?;
     let database = &config.database;
+    // `database.listen_url` is for `database.url`; an outbox elsewhere listens on its own.
+    let listen_url = match &database.listen_url {
+        Some(listen_url) if url == database.url => listen_url.clone(),
+        _ => url.to_owned(),
+    };
     let wake_ups = WakeUps {
-        listen_url: database.notify.then(|| {
-            database
-                .listen_url
-                .as_ref()
-                .unwrap_or(&database.url)
-                .clone()
-        }),
+        listen_url: database.notify.then_some(listen_url),
         probe_interval: database.probe_interval,
-        url: database.url.clone(),
+        url: url.to_owned(),
     };
     match store.insert_feed(&wake_ups) {
         Some(feed) => {
-            info!(feed = feed.kind(), "new rows wake the relay");
+            info!(%outbox, feed = feed.kind(), "new rows wake the relay");
             relay.listen(feed);
         }
         None => {
-            info!(poll_interval = ?config.relay.poll_interval, "no insert wake-ups: the relay polls")
+            info!(%outbox, ?poll_interval, "no insert wake-ups: the relay polls")
         }
     }
     Ok(relay)

@@ -40,6 +40,9 @@ impl fmt::Display for Ordering {
 pub struct RelayOptions {
     /// The `worker` field of every log line.
     pub name: String,
+    /// The outbox this relay serves: the `outbox` field of its log lines and label of its
+    /// metrics.
+    pub outbox: String,
     /// This process's identity in `locked_by`; unique per running process.
     pub node_id: String,
     /// Number of Publisher actors (each owns one confirm channel).

@@ -80,6 +80,8 @@ pub struct Stop;
 /// publisher picked by a stable hash of its room: one room always goes through one
 /// publisher, which keeps the room's order.
 pub struct Fetcher {
+    /// The outbox's name: the `outbox` field of its log lines.
+    outbox: Arc<str>,
     /// The outbox table.
     store: Arc<dyn OutboxStore>,
     /// The publisher pool, indexed by room hash.
@@ -122,9 +124,10 @@ pub const CLAIM_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
 
 impl Fetcher {
-    /// A fetcher claiming `request.limit` rows at a time with at most `max_in_flight`
-    /// unresolved rows.
+    /// A fetcher of outbox `outbox` claiming `request.limit` rows at a time with at most
+    /// `max_in_flight` unresolved rows.
     pub fn new(
+        outbox: &str,
         store: Arc<dyn OutboxStore>,
         publishers: Vec<PublisherHandle>,
         scheduler: Recipient<Wake>,
@@ -136,6 +139,7 @@ impl Fetcher {
             "the relay needs at least one publisher"
         );
         Self {
+            outbox: outbox.into(),
             store,
             publishers,
             scheduler,
@@ -148,7 +152,7 @@ impl Fetcher {
             backoff: CLAIM_BACKOFF,
             deferred: false,
             announced: false,
-            sizes: ClaimSizes::new(),
+            sizes: ClaimSizes::new(outbox),
         }
     }
 }
@@ -179,11 +183,12 @@ impl Actor for Fetcher {
             let store = Arc::clone(&fetcher.store);
             let node_id = fetcher.request.node_id.clone();
             let lease = fetcher.request.lease;
+            let outbox = Arc::clone(&fetcher.outbox);
             ctx.spawn(
                 async move {
                     match store.renew(&node_id, lease).await {
-                        Ok(renewed) => debug!(renewed, "leases renewed"),
-                        Err(error) => warn!(%error, "renewing leases failed; retrying"),
+                        Ok(renewed) => debug!(%outbox, renewed, "leases renewed"),
+                        Err(error) => warn!(%outbox, %error, "renewing leases failed; retrying"),
                     }
                 }
                 .into_actor(fetcher),
@@ -229,7 +234,7 @@ impl Handler<Tick> for Fetcher {
                 Ok(records) => {
                     fetcher.unsure = false;
                     if fetcher.retry_at.take().is_some() {
-                        info!("database available again; claiming");
+                        info!(outbox = %fetcher.outbox, "database available again; claiming");
                     }
                     fetcher.backoff.reset();
                     let claimed = records.len();
@@ -241,7 +246,7 @@ impl Handler<Tick> for Fetcher {
                         fetcher.publishers[index].publish.do_send(Publish(record));
                     }
                     if claimed > 0 {
-                        debug!(claimed, in_flight = fetcher.in_flight, ?took, "claimed");
+                        debug!(outbox = %fetcher.outbox, claimed, in_flight = fetcher.in_flight, ?took, "claimed");
                     }
                     TickReport {
                         claimed,
@@ -255,9 +260,9 @@ impl Handler<Tick> for Fetcher {
                     let retry_in = fetcher.backoff.next_delay();
                     ctx.run_later(retry_in, |fetcher, _| fetcher.scheduler.do_send(Wake));
                     if fetcher.retry_at.is_none() {
-                        warn!(%error, "database unavailable: claims fail; retrying with backoff");
+                        warn!(outbox = %fetcher.outbox, %error, "database unavailable: claims fail; retrying with backoff");
                     } else {
-                        debug!(%error, ?retry_in, "claim failed again");
+                        debug!(outbox = %fetcher.outbox, %error, ?retry_in, "claim failed again");
                     }
                     fetcher.unsure = true;
                     fetcher.retry_at = Some(Instant::now() + retry_in);
@@ -350,6 +355,7 @@ mod tests {
             ordering: Ordering::PerRoom,
         };
         let fetcher = Fetcher::new(
+            "room_outbox",
             store,
             vec![handle],
             scheduler.clone().recipient(),

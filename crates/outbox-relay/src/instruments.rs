@@ -80,6 +80,8 @@ pub fn describe() {
     );
 }
 
+// Every metric carries label `outbox` (the outbox's name): one process relays several.
+
 /// The Publisher's latency histograms.
 pub(crate) struct ConfirmTimes {
     publish_confirm: Histogram,
@@ -87,10 +89,10 @@ pub(crate) struct ConfirmTimes {
 }
 
 impl ConfirmTimes {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(outbox: &str) -> Self {
         Self {
-            publish_confirm: histogram!(PUBLISH_CONFIRM),
-            commit_to_confirm: histogram!(COMMIT_TO_CONFIRM),
+            publish_confirm: histogram!(PUBLISH_CONFIRM, "outbox" => outbox.to_owned()),
+            commit_to_confirm: histogram!(COMMIT_TO_CONFIRM, "outbox" => outbox.to_owned()),
         }
     }
 
@@ -111,15 +113,20 @@ pub(crate) struct OutcomeCounters {
     /// One per [`PublishError::REASONS`], same order.
     failed: [Counter; PublishError::REASONS.len()],
     mark_batch: Histogram,
+    /// The `outbox` label, for a reason missing from [`PublishError::REASONS`].
+    outbox: String,
 }
 
 impl OutcomeCounters {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(outbox: &str) -> Self {
+        let label = || outbox.to_owned();
         Self {
-            published: counter!(EVENTS_PUBLISHED),
-            dead: counter!(EVENTS_DEAD),
-            failed: PublishError::REASONS.map(|reason| counter!(EVENTS_FAILED, "reason" => reason)),
-            mark_batch: histogram!(MARK_BATCH_SIZE),
+            published: counter!(EVENTS_PUBLISHED, "outbox" => label()),
+            dead: counter!(EVENTS_DEAD, "outbox" => label()),
+            failed: PublishError::REASONS
+                .map(|reason| counter!(EVENTS_FAILED, "reason" => reason, "outbox" => label())),
+            mark_batch: histogram!(MARK_BATCH_SIZE, "outbox" => label()),
+            outbox: label(),
         }
     }
 
@@ -148,7 +155,10 @@ impl OutcomeCounters {
             {
                 Some(index) => failed[index] += 1,
                 // A reason missing from the list (a test in outbox-core prevents it).
-                None => counter!(EVENTS_FAILED, "reason" => *reason).increment(1),
+                None => {
+                    counter!(EVENTS_FAILED, "reason" => *reason, "outbox" => self.outbox.clone())
+                        .increment(1)
+                }
             }
         }
         if published > 0 {
@@ -171,9 +181,9 @@ pub(crate) struct ClaimSizes {
 }
 
 impl ClaimSizes {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(outbox: &str) -> Self {
         Self {
-            claim_batch: histogram!(CLAIM_BATCH_SIZE),
+            claim_batch: histogram!(CLAIM_BATCH_SIZE, "outbox" => outbox.to_owned()),
         }
     }
 
@@ -226,10 +236,11 @@ mod tests {
         fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
 
         fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            let name = match key.labels().next() {
-                Some(label) => format!("{}{{{}}}", key.name(), label.value()),
-                None => key.name().to_owned(),
-            };
+            let labels: Vec<String> = key
+                .labels()
+                .map(|label| format!("{}={}", label.key(), label.value()))
+                .collect();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
             let total = Arc::clone(self.0.lock().unwrap().entry(name).or_default());
             Counter::from_arc(Arc::new(Total(total)))
         }
@@ -246,7 +257,8 @@ mod tests {
     #[test]
     fn a_flush_counts_each_outcome_once_by_kind_and_reason() {
         let totals = Arc::new(Totals::default());
-        let counters = metrics::with_local_recorder(totals.as_ref(), OutcomeCounters::new);
+        let counters =
+            metrics::with_local_recorder(totals.as_ref(), || OutcomeCounters::new("orders"));
         let retried = |reason| Resolution::Retried {
             reason,
             error: "error text".into(),
@@ -264,10 +276,14 @@ mod tests {
         ];
         counters.committed(flush.iter());
         counters.committed([dead("timeout")].iter());
-        assert_eq!(totals.get(EVENTS_PUBLISHED), 2);
-        assert_eq!(totals.get(EVENTS_DEAD), 2);
-        assert_eq!(totals.get(&format!("{EVENTS_FAILED}{{timeout}}")), 2);
-        assert_eq!(totals.get(&format!("{EVENTS_FAILED}{{invalid}}")), 1);
-        assert_eq!(totals.get(&format!("{EVENTS_FAILED}{{nacked}}")), 0);
+        let failed = |reason| format!("{EVENTS_FAILED}{{reason={reason},outbox=orders}}");
+        assert_eq!(
+            totals.get(&format!("{EVENTS_PUBLISHED}{{outbox=orders}}")),
+            2
+        );
+        assert_eq!(totals.get(&format!("{EVENTS_DEAD}{{outbox=orders}}")), 2);
+        assert_eq!(totals.get(&failed("timeout")), 2);
+        assert_eq!(totals.get(&failed("invalid")), 1);
+        assert_eq!(totals.get(&failed("nacked")), 0);
     }
 }

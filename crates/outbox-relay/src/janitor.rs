@@ -58,6 +58,8 @@ pub struct StopSweeping;
 pub struct JanitorOptions {
     /// The `worker` log field.
     pub worker: String,
+    /// The `outbox` log field.
+    pub outbox: String,
     /// The `node_id` log field.
     pub node_id: String,
     /// Published rows older than this are deleted.
@@ -73,9 +75,10 @@ pub struct JanitorOptions {
 impl JanitorOptions {
     /// The relay's options for `retention`: [`sweep_interval`], [`PURGE_BATCH`],
     /// [`PURGE_PAUSE`].
-    pub fn new(worker: &str, node_id: &str, retention: Duration) -> Self {
+    pub fn new(worker: &str, outbox: &str, node_id: &str, retention: Duration) -> Self {
         Self {
             worker: worker.to_owned(),
+            outbox: outbox.to_owned(),
             node_id: node_id.to_owned(),
             retention,
             interval: sweep_interval(retention),
@@ -187,6 +190,7 @@ impl Janitor {
                     self.failing = false;
                     info!(
                         worker = %self.options.worker,
+                        outbox = %self.options.outbox,
                         node_id = %self.options.node_id,
                         "retention: deleting works again"
                     );
@@ -204,12 +208,13 @@ impl Janitor {
                     self.failing = true;
                     warn!(
                         worker = %self.options.worker,
+                        outbox = %self.options.outbox,
                         node_id = %self.options.node_id,
                         %error,
                         "retention: deleting expired rows failed; the next sweep tries again"
                     );
                 } else {
-                    debug!(%error, "retention: deleting failed again");
+                    debug!(outbox = %self.options.outbox, %error, "retention: deleting failed again");
                 }
                 self.finish(false, ctx);
             }
@@ -226,9 +231,11 @@ impl Janitor {
         let report = sweeping.report;
         let took = sweeping.started.elapsed();
         let (worker, node_id) = (&self.options.worker, &self.options.node_id);
+        let outbox = &self.options.outbox;
         if report.deleted > 0 {
             info!(
                 %worker,
+                %outbox,
                 %node_id,
                 deleted = report.deleted,
                 batches = report.batches,
@@ -239,6 +246,7 @@ impl Janitor {
         } else {
             debug!(
                 %worker,
+                %outbox,
                 %node_id,
                 older_than = %sweeping.older_than.to_rfc3339(),
                 ?took,
@@ -267,6 +275,7 @@ impl Actor for Janitor {
     fn started(&mut self, ctx: &mut Self::Context) {
         info!(
             worker = %self.options.worker,
+            outbox = %self.options.outbox,
             node_id = %self.options.node_id,
             retention = %humanise(self.options.retention),
             every = %humanise(self.options.interval),
@@ -338,6 +347,7 @@ mod tests {
             store,
             JanitorOptions {
                 worker: "room_outbox".into(),
+                outbox: "room_outbox".into(),
                 node_id: "node-a".into(),
                 retention: Duration::from_secs(3600),
                 interval: Duration::from_secs(3600),

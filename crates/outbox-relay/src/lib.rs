@@ -39,7 +39,7 @@ pub use janitor::{Janitor, JanitorOptions, StopSweeping, Sweep, SweepReport};
 pub use listener::{Listener, StopListening};
 pub use marker::{FlushAndStop, Marker, Outcome};
 pub use publisher::{Drain, Publish, Publisher, Unhold};
-pub use relay::{Relay, ShutdownError};
+pub use relay::{Relay, Relays, ShutdownError};
 pub use scheduler::{Scheduler, Wake};
 
 #[cfg(test)]

@@ -33,17 +33,21 @@ pub struct Listener {
     backoff: Backoff,
     /// The feed's mechanism, for log lines.
     kind: &'static str,
+    /// The outbox whose inserts it hears of: the `outbox` field of its log lines.
+    outbox: String,
 }
 
 impl Listener {
-    /// A listener waking `scheduler` on each answer of `feed`.
+    /// A listener of outbox `outbox` waking `scheduler` on each answer of `feed`.
     pub fn new(
+        outbox: &str,
         feed: Box<dyn InsertFeed>,
         scheduler: Recipient<Wake>,
         fetcher: Recipient<InsertsAnnounced>,
     ) -> Self {
         Self {
             kind: feed.kind(),
+            outbox: outbox.to_owned(),
             feed: Some(feed),
             scheduler,
             fetcher,
@@ -78,7 +82,7 @@ impl Listener {
             Ok(()) => {
                 if !self.announced {
                     if !self.backoff.is_reset() {
-                        info!(feed = self.kind, "insert wake-ups available again");
+                        info!(outbox = %self.outbox, feed = self.kind, "insert wake-ups available again");
                     }
                     self.fetcher.do_send(InsertsAnnounced(true));
                     self.announced = true;
@@ -89,7 +93,7 @@ impl Listener {
             }
             Err(error) => {
                 if self.backoff.is_reset() {
-                    warn!(feed = self.kind, %error, "insert wake-ups unavailable; polling until they are back");
+                    warn!(outbox = %self.outbox, feed = self.kind, %error, "insert wake-ups unavailable; polling until they are back");
                 }
                 if self.announced {
                     self.fetcher.do_send(InsertsAnnounced(false));
@@ -138,6 +142,7 @@ mod tests {
         let (scheduler, wakes) = Collector::<Wake>::start();
         let (fetcher, announced) = Collector::<InsertsAnnounced>::start();
         let listener = Listener::new(
+            "room_outbox",
             Box::new(feed.clone()),
             scheduler.recipient(),
             fetcher.recipient(),

@@ -34,6 +34,8 @@ pub struct FlushAndStop;
 pub struct MarkerOptions {
     /// The `worker` log field.
     pub worker: String,
+    /// The `outbox` log field and metric label.
+    pub outbox: String,
     /// This node; outcomes only touch rows it still holds (except `published`).
     pub node_id: String,
     /// Retry or dead.
@@ -111,6 +113,7 @@ impl Marker {
         fetcher: Recipient<Marked>,
         options: MarkerOptions,
     ) -> Self {
+        let counters = OutcomeCounters::new(&options.outbox);
         Self {
             store,
             fetcher,
@@ -120,7 +123,7 @@ impl Marker {
             scheduled: false,
             backoff: BACKOFF,
             drained: Waiters::default(),
-            counters: OutcomeCounters::new(),
+            counters,
         }
     }
 
@@ -231,6 +234,7 @@ impl Marker {
                 let retry_in = marker.backoff.next_delay();
                 warn!(
                     worker = %marker.options.worker,
+                    outbox = %marker.options.outbox,
                     node_id = %marker.options.node_id,
                     status = "batch_failed",
                     rows,
@@ -249,6 +253,7 @@ impl Marker {
         self.counters
             .committed(decided.iter().map(|done| &done.resolution));
         let worker = self.options.worker.as_str();
+        let outbox = self.options.outbox.as_str();
         let node_id = self.options.node_id.as_str();
         let stopping = !self.drained.is_empty();
         for Decided { record, resolution } in decided {
@@ -262,6 +267,7 @@ impl Marker {
                 ($level:ident, $status:expr, $retry_count:expr, $message:literal) => {
                     $level!(
                         worker,
+                        outbox,
                         node_id,
                         event_id = %record.event_id,
                         event_type = %record.event_type,
@@ -373,6 +379,7 @@ mod tests {
     fn options(max_batch: usize, max_attempts: u32) -> MarkerOptions {
         MarkerOptions {
             worker: "room_outbox".into(),
+            outbox: "room_outbox".into(),
             node_id: "node-a".into(),
             retry: RetryPolicy {
                 strategy: RetryStrategy::FixedInterval,

@@ -56,8 +56,9 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    /// A publisher on `port`, reporting to `marker`.
+    /// A publisher of outbox `outbox` on `port`, reporting to `marker`.
     pub fn new(
+        outbox: &str,
         port: Arc<dyn EventPublisher>,
         marker: Recipient<Outcome>,
         ordering: Ordering,
@@ -71,7 +72,7 @@ impl Publisher {
             in_flight: 0,
             drained: Waiters::default(),
             draining: false,
-            times: ConfirmTimes::new(),
+            times: ConfirmTimes::new(outbox),
         }
     }
 
@@ -218,7 +219,8 @@ mod tests {
 
     fn publisher(port: Arc<FakePublisher>, ordering: Ordering) -> (Addr<Publisher>, Outcomes) {
         let (collector, outcomes) = Collector::start();
-        let publisher = Publisher::new(port, collector.recipient(), ordering).start();
+        let publisher =
+            Publisher::new("room_outbox", port, collector.recipient(), ordering).start();
         (publisher, outcomes)
     }
 

@@ -66,7 +66,7 @@ impl Relay {
         );
         let released = store.release_node(&options.node_id).await?;
         if released > 0 {
-            info!(released, node_id = %options.node_id, "released leases left by an earlier run of this node");
+            info!(outbox = %options.outbox, released, node_id = %options.node_id, "released leases left by an earlier run of this node");
         }
         // Scheduler and Fetcher, Fetcher and Marker know each other: take their addresses
         // before starting them.
@@ -78,6 +78,7 @@ impl Relay {
             fetcher_ctx.address().recipient(),
             MarkerOptions {
                 worker: options.name.clone(),
+                outbox: options.outbox.clone(),
                 node_id: options.node_id.clone(),
                 retry: options.retry.clone(),
                 // A flush takes everything that waits: the batch grows with the load, up to
@@ -91,6 +92,7 @@ impl Relay {
             .iter()
             .map(|port| {
                 Publisher::new(
+                    &options.outbox,
                     Arc::clone(port),
                     marker.clone().recipient(),
                     options.ordering,
@@ -99,6 +101,7 @@ impl Relay {
             })
             .collect();
         let fetcher = fetcher_ctx.run(Fetcher::new(
+            &options.outbox,
             Arc::clone(&store),
             publishers
                 .iter()
@@ -121,12 +124,13 @@ impl Relay {
         let janitor = options.retention.map(|retention| {
             Janitor::new(
                 Arc::clone(&store),
-                JanitorOptions::new(&options.name, &options.node_id, retention),
+                JanitorOptions::new(&options.name, &options.outbox, &options.node_id, retention),
             )
             .start()
         });
         info!(
             worker = %options.name,
+            outbox = %options.outbox,
             node_id = %options.node_id,
             publishers = ports.len(),
             batch_size = options.batch_size,
@@ -151,6 +155,7 @@ impl Relay {
     /// feed stops with the relay. A second call replaces the first feed.
     pub fn listen(&mut self, feed: Box<dyn InsertFeed>) {
         let listener = Listener::new(
+            &self.options.outbox,
             feed,
             self.scheduler.clone().recipient(),
             self.fetcher.clone().recipient(),
@@ -208,12 +213,61 @@ impl Relay {
         match self.store.release_node(&self.options.node_id).await {
             Ok(0) => {}
             Ok(released) => warn!(
+                outbox = %self.options.outbox,
                 released,
                 "leases still held after the last flush were released"
             ),
-            Err(error) => warn!(%error, "could not release leases; they will expire on their own"),
+            Err(error) => {
+                warn!(outbox = %self.options.outbox, %error, "could not release leases; they will expire on their own")
+            }
         }
         let _ = self.fetcher.send(Stop).await;
-        info!(worker = %self.options.name, node_id = %self.options.node_id, "relay stopped");
+        info!(worker = %self.options.name, outbox = %self.options.outbox, node_id = %self.options.node_id, "relay stopped");
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &RelayOptions {
+        &self.options
+    }
+}
+
+/// Several relays in one process, one per outbox, each with its own actors and publisher
+/// channels; shut down together.
+pub struct Relays {
+    relays: Vec<Relay>,
+}
+
+impl Relays {
+    /// The group of `relays`.
+    pub fn new(relays: Vec<Relay>) -> Self {
+        Self { relays }
+    }
+
+    /// The relays, in the order given.
+    pub fn relays(&self) -> &[Relay] {
+        &self.relays
+    }
+
+    /// Stops every relay as [`Relay::shutdown`] does, all at once, within one
+    /// `shutdown_limit` for the whole group (each relay's drain runs concurrently).
+    pub async fn shutdown(self, shutdown_limit: Duration) -> Result<(), ShutdownError> {
+        let mut drains: Vec<_> = self
+            .relays
+            .into_iter()
+            .map(|relay| actix_rt::spawn(async move { relay.drain().await }))
+            .collect();
+        let all = async {
+            for drain in drains.iter_mut() {
+                let _ = drain.await;
+            }
+        };
+        let result = tokio::time::timeout(shutdown_limit, all).await;
+        if result.is_err() {
+            for drain in &drains {
+                drain.abort();
+            }
+            return Err(ShutdownError(shutdown_limit));
+        }
+        Ok(())
     }
 }

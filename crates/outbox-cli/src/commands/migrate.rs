@@ -1,18 +1,48 @@
-//! `outbox-relay migrate`.
+//! `outbox-relay migrate [--dry-run] [--outbox NAME]`.
 
+use crate::cli::MigrateArgs;
 use crate::settings::Config;
-use crate::startup::{migrate_table, open_store};
+use crate::startup::{check_columns, migrate_table, open_unchecked};
+use anyhow::Context as _;
 
-/// Creates or upgrades the outbox table and its indexes.
-pub async fn migrate(config: Config) -> anyhow::Result<()> {
-    let store = open_store(&config, false).await?;
-    let applied = migrate_table(&store).await?;
-    let table = store.table();
-    if applied.is_empty() {
-        println!("table {table} is up to date");
-    }
-    for name in applied {
-        println!("applied {name} to table {table}");
+/// Creates or upgrades each selected outbox's table and its indexes, then checks its
+/// mapping; with `--dry-run`, prints what it would do and changes nothing.
+pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
+    let outboxes = open_unchecked(&config, args.outbox.as_deref()).await?;
+    for mut outbox in outboxes {
+        let (name, table) = (&outbox.config.name, &outbox.config.table);
+        if args.dry_run {
+            let store = &outbox.store;
+            let steps = outbox_store::plan(store.connection(), store.table(), store.columns())
+                .await
+                .with_context(|| format!("outbox {name}: cannot plan the migration of {table}"))?;
+            if steps.is_empty() {
+                println!("outbox {name}: table {table} is up to date; nothing to do");
+            } else {
+                println!(
+                    "outbox {name}: table {table}: {} step(s) would run:",
+                    steps.len()
+                );
+            }
+            for step in steps {
+                println!("-- {}", step.name);
+                for statement in step.statements {
+                    println!("{};", statement.trim_end().trim_end_matches(';'));
+                }
+            }
+            continue;
+        }
+        let applied = migrate_table(&outbox.store)
+            .await
+            .with_context(|| format!("outbox {name}"))?;
+        if applied.is_empty() {
+            println!("table {table} is up to date");
+        }
+        for migration in applied {
+            println!("applied {migration} to table {table}");
+        }
+        let name = name.clone();
+        check_columns(&name, &mut outbox.store).await?;
     }
     Ok(())
 }

@@ -15,9 +15,9 @@ use crate::settings::Config;
 pub async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
         Command::Run => run::run(config).await,
-        Command::Migrate => migrate::migrate(config).await,
-        Command::CheckConfig => check_config::check_config(&config),
-        Command::Status(args) => status::status(config, args.json).await,
+        Command::Migrate(args) => migrate::migrate(config, args).await,
+        Command::CheckConfig => check_config::check_config(&config).await,
+        Command::Status(args) => status::status(config, args).await,
         Command::Dead(command) => dead::dead(config, command).await,
         Command::Demo(args) => demo::demo(config, args).await,
         Command::Purge(args) => purge::purge(config, args).await,

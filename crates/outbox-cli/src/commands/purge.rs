@@ -2,7 +2,7 @@
 
 use crate::cli::PurgeArgs;
 use crate::settings::Config;
-use crate::startup::open_store;
+use crate::startup::open_selected;
 use anyhow::Context as _;
 use chrono::Utc;
 use outbox_core::{OutboxStore, PurgeTarget};
@@ -13,7 +13,8 @@ use tracing::info;
 /// Deletes published rows (and with `--dead`, dead rows) older than `--older-than`, in
 /// the Janitor's batches, and prints how many.
 pub async fn purge(config: Config, args: PurgeArgs) -> anyhow::Result<()> {
-    let store = open_store(&config, false).await?;
+    let outboxes = open_selected(&config, args.outbox.as_deref(), false).await?;
+    let several = outboxes.len() > 1;
     let age = humantime::format_duration(args.older_than);
     let Some(older_than) = expiry_bound(Utc::now(), args.older_than) else {
         println!("purged 0 published rows older than {age}: nothing is that old");
@@ -24,12 +25,21 @@ pub async fn purge(config: Config, args: PurgeArgs) -> anyhow::Result<()> {
         targets.push((PurgeTarget::Dead, "dead", "created"));
     }
     let who = super::operator();
-    for (target, status, when) in targets {
-        let deleted = purge_all(&store, target, older_than)
-            .await
-            .with_context(|| format!("deleting {status} rows failed"))?;
-        info!(deleted, status, older_than = %older_than.to_rfc3339(), by = %who, "rows purged");
-        println!("purged {deleted} {status} row(s) {when} more than {age} ago");
+    for outbox in &outboxes {
+        let name = &outbox.config.name;
+        // Named on each line only when there are several.
+        let which = if several {
+            format!(" (outbox {name})")
+        } else {
+            String::new()
+        };
+        for (target, status, when) in &targets {
+            let deleted = purge_all(&outbox.store, *target, older_than)
+                .await
+                .with_context(|| format!("outbox {name}: deleting {status} rows failed"))?;
+            info!(outbox = %name, deleted, status, older_than = %older_than.to_rfc3339(), by = %who, "rows purged");
+            println!("purged {deleted} {status} row(s) {when} more than {age} ago{which}");
+        }
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use crate::endpoint::Endpoint;
 use crate::settings::Config;
 use crate::signals::StopSignals;
-use crate::startup::{open_broker, open_store, start_relay};
+use crate::startup::{open_broker, open_outboxes, start_relays};
 use anyhow::{bail, Context as _};
 use tracing::{info, warn};
 
@@ -16,15 +16,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(listen) => Some(Endpoint::start(listen, &config.relay.node_id)?),
         None => None,
     };
-    let store = open_store(&config, config.database.migrate_on_start).await?;
+    let outboxes = open_outboxes(&config, config.database.migrate_on_start).await?;
     let broker = open_broker(&config).await?;
-    let relay = start_relay(&config, &store, &broker).await?;
+    let relays = start_relays(&config, &outboxes, &broker).await?;
+    let stores: Vec<(&str, &outbox_store::SeaOrmStore)> = outboxes
+        .iter()
+        .map(|outbox| (outbox.config.name.as_str(), &outbox.store))
+        .collect();
     let signal = match &endpoint {
         // The readiness probe runs until the first signal and is dropped with it, so it
         // cannot reconnect the broker once the shutdown has closed it.
         Some(endpoint) => tokio::select! {
             signal = signals.next() => signal,
-            never = endpoint.probe(&store, &broker) => match never {},
+            never = endpoint.probe(&stores, &broker) => match never {},
         },
         None => signals.next().await,
     };
@@ -33,7 +37,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     info!(signal, "shutdown requested; finishing in-flight publishes");
     tokio::select! {
-        result = relay.shutdown() => result?,
+        // Every outbox's relay at once, within the one relay.shutdown_timeout.
+        result = relays.shutdown(config.relay.shutdown_timeout) => result?,
         signal = signals.next() => {
             warn!(signal, "second signal: forcing the stop; leases will expire on their own");
             bail!("stopped by a second {signal} before the graceful shutdown finished");

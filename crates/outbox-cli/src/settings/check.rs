@@ -33,6 +33,9 @@ pub(super) struct Section<'a> {
 impl Section<'_> {
     /// `section.key`, as errors and warnings name it.
     pub(super) fn key(&self, key: &str) -> String {
+        if self.name.is_empty() {
+            return key.to_owned();
+        }
         format!("{}.{key}", self.name)
     }
 

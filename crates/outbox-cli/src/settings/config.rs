@@ -2,21 +2,26 @@
 
 use super::shape::Settings;
 use crate::secrets::{redact_url, Secrets};
-use outbox_amqp::AmqpSettings;
-use outbox_core::RelayOptions;
-use outbox_store::TableName;
+use outbox_amqp::{AmqpSettings, Routing};
+use outbox_core::{Ordering, RelayOptions};
+use outbox_store::{Columns, TableName};
 use serde::Deserialize;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// Everything validated, ready to connect with.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Database side.
     pub database: DatabaseConfig,
-    /// Broker side.
+    /// Broker side (`router`, `exchange_type` and `key_header`: the top-level `[amqp]`
+    /// values; `topology`: every outbox's routing).
     pub amqp: AmqpSettings,
-    /// The actors' options.
+    /// The actors' options (`outbox`, `ordering`, `publishers`: the first outbox's).
     pub relay: RelayOptions,
+    /// Every outbox this process relays, in settings order; never empty. Without
+    /// `[[outboxes]]`, one named after `database.table`.
+    pub outboxes: Vec<OutboxConfig>,
     /// Logging.
     pub log: LogConfig,
     /// Metrics endpoint address; `None` when disabled.
@@ -39,6 +44,8 @@ pub struct DatabaseConfig {
     pub redacted_url: String,
     /// The outbox table.
     pub table: TableName,
+    /// `[database.columns]`: the mapping of the one-outbox case, default of every outbox.
+    pub columns: Columns,
     /// Pool size.
     pub max_connections: u32,
     /// Migrate when `run` or `demo` starts.
@@ -57,12 +64,88 @@ impl std::fmt::Debug for DatabaseConfig {
         f.debug_struct("DatabaseConfig")
             .field("url", &self.redacted_url)
             .field("table", &self.table)
+            .field("columns", &self.columns)
             .field("max_connections", &self.max_connections)
             .field("migrate_on_start", &self.migrate_on_start)
             .field("notify", &self.notify)
             .field("listen_url", &self.listen_url.as_deref().map(redact_url))
             .field("probe_interval", &self.probe_interval)
             .finish()
+    }
+}
+
+/// One validated outbox: a table, where its events go, and how it is relayed. Blank keys
+/// of its `[[outboxes]]` entry are filled in from the top-level sections.
+#[derive(Clone)]
+pub struct OutboxConfig {
+    /// Label of its metrics and log lines, and the `--outbox` selector.
+    pub name: String,
+    /// Its table.
+    pub table: TableName,
+    /// Its database, with the password put in (never log it, use `redacted_database_url`).
+    /// Outboxes with the same URL share one pool.
+    pub database_url: String,
+    /// The same URL with the password replaced.
+    pub redacted_database_url: String,
+    /// The producer's columns.
+    pub columns: Columns,
+    /// Exchanges, routing keys, exchange type and key header of its messages.
+    pub routing: Arc<Routing>,
+    /// Per-room order or none.
+    pub ordering: Ordering,
+    /// Its own Publisher actors (confirm channels).
+    pub publishers: usize,
+}
+
+impl OutboxConfig {
+    /// `relay` (the `[relay]` options) for this outbox: its name, ordering and publishers.
+    pub fn relay_options(&self, relay: &RelayOptions) -> RelayOptions {
+        RelayOptions {
+            outbox: self.name.clone(),
+            ordering: self.ordering,
+            publishers: self.publishers,
+            ..relay.clone()
+        }
+    }
+}
+
+// By hand: the URL may hold a password.
+impl std::fmt::Debug for OutboxConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxConfig")
+            .field("name", &self.name)
+            .field("table", &self.table)
+            .field("database_url", &self.redacted_database_url)
+            .field("columns", &self.columns)
+            .field("routing", &self.routing)
+            .field("ordering", &self.ordering)
+            .field("publishers", &self.publishers)
+            .finish()
+    }
+}
+
+impl Config {
+    /// The outboxes `selector` names (`--outbox`): every one when `None`. An unknown name
+    /// is an error listing the names.
+    pub fn select_outboxes(&self, selector: Option<&str>) -> Result<Vec<&OutboxConfig>, String> {
+        match selector {
+            None => Ok(self.outboxes.iter().collect()),
+            Some(name) => match self.outboxes.iter().find(|outbox| outbox.name == name) {
+                Some(outbox) => Ok(vec![outbox]),
+                None => Err(format!(
+                    "no outbox named {name:?}; the outboxes are: {}",
+                    self.outbox_names().join(", ")
+                )),
+            },
+        }
+    }
+
+    /// The outboxes' names, in settings order.
+    pub fn outbox_names(&self) -> Vec<&str> {
+        self.outboxes
+            .iter()
+            .map(|outbox| outbox.name.as_str())
+            .collect()
     }
 }
 

@@ -14,18 +14,19 @@ mod check;
 mod config;
 pub mod field;
 mod load;
+mod outboxes;
 pub mod shape;
 mod validate;
 
 #[cfg(test)]
 mod tests;
 
-pub use config::{Config, DatabaseConfig, LogConfig, LogFormat};
+pub use config::{Config, DatabaseConfig, LogConfig, LogFormat, OutboxConfig};
 pub use field::{Field, Span};
 pub use load::ENV_PREFIX;
 pub use shape::{
-    AmqpSection, DatabaseSettings, LogSettings, MetricsSettings, RelaySettings, RouteSettings,
-    Settings,
+    AmqpSection, ColumnsSettings, DatabaseSettings, LogSettings, MetricsSettings,
+    OutboxColumnsSettings, OutboxSettings, RelaySettings, RouteSettings, Settings,
 };
 pub use validate::default_node_id;
 
@@ -46,5 +47,14 @@ pub enum ConfigError {
         value: String,
         /// What would have been accepted.
         accepted: String,
+    },
+    /// An outbox (an `[[outboxes]]` entry, or the mapping of `[database.columns]`) cannot
+    /// be used.
+    #[error("{outbox}: {problem}")]
+    Outbox {
+        /// `outboxes[1] (orders)`, or `database` for `[database.columns]`.
+        outbox: String,
+        /// What is wrong, starting with the key (`columns.key: …`).
+        problem: String,
     },
 }

@@ -22,6 +22,10 @@ pub struct Settings {
     pub log: LogSettings,
     /// `[metrics]`
     pub metrics: MetricsSettings,
+    /// `[[outboxes]]`; empty: one outbox from `database.table`, `[database.columns]` and
+    /// `[amqp]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outboxes: Vec<OutboxSettings>,
 }
 
 /// `[database]`
@@ -53,6 +57,85 @@ pub struct DatabaseSettings {
     pub probe: bool,
     /// How often the probe looks; zero: the default.
     pub probe_interval: Field<Span>,
+    /// `[database.columns]`: the producer's column names of the one-outbox case, and the
+    /// default of every `[[outboxes]]` entry.
+    pub columns: ColumnsSettings,
+}
+
+/// `[database.columns]`: which columns hold what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ColumnsSettings {
+    /// An integer column that grows with each insert (migrate adds it when missing).
+    pub position: String,
+    /// The event id (AMQP `message_id`).
+    pub event_id: String,
+    /// The event type (AMQP `type`, routing).
+    pub event_type: String,
+    /// The ordering key (AMQP header `amqp.key_header`).
+    pub key: String,
+    /// The message body.
+    pub payload: String,
+    /// A JSON object of extra headers; blank: the table has no headers column.
+    pub headers: String,
+    /// When the producer wrote the row (migrate adds it when missing).
+    pub created_at: String,
+}
+
+/// `[outboxes.columns]`: each key absent takes the `[database.columns]` value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxColumnsSettings {
+    /// See [`ColumnsSettings::position`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<String>,
+    /// See [`ColumnsSettings::event_id`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
+    /// See [`ColumnsSettings::event_type`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+    /// See [`ColumnsSettings::key`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// See [`ColumnsSettings::payload`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    /// See [`ColumnsSettings::headers`]; `""`: no headers column.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers: Option<String>,
+    /// See [`ColumnsSettings::created_at`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+}
+
+/// One `[[outboxes]]` entry. A blank (or zero, or absent) key takes the top-level value.
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxSettings {
+    /// Label in metrics and logs, and the `--outbox` selector; blank: the table name.
+    pub name: String,
+    /// The outbox table (required).
+    pub table: String,
+    /// Blank: `database.url` (the same URL shares one pool). May hold its own password.
+    pub database_url: String,
+    /// Blank: `amqp.exchange`.
+    pub exchange: String,
+    /// Blank: `amqp.exchange_type`.
+    pub exchange_type: String,
+    /// Blank: `amqp.routing_key`.
+    pub routing_key: String,
+    /// Blank: `amqp.key_header`.
+    pub key_header: String,
+    /// Blank: `relay.ordering`.
+    pub ordering: String,
+    /// 0: `relay.publishers`.
+    pub publishers: i64,
+    /// Absent: `amqp.routes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routes: Option<Vec<RouteSettings>>,
+    /// Each key absent: the `[database.columns]` value.
+    pub columns: OutboxColumnsSettings,
 }
 
 /// `[amqp]`
@@ -82,6 +165,8 @@ pub struct AmqpSection {
     pub content_type: String,
     /// Per-event-type exchange and routing key; first match wins.
     pub routes: Vec<RouteSettings>,
+    /// The AMQP header that carries the ordering key (`columns.key`).
+    pub key_header: String,
 }
 
 /// One `[[amqp.routes]]` entry.
@@ -162,6 +247,7 @@ impl Default for DatabaseSettings {
             listen_url: String::new(),
             probe: true,
             probe_interval: "5ms".into(),
+            columns: ColumnsSettings::default(),
         }
     }
 }
@@ -179,6 +265,22 @@ impl Default for AmqpSection {
             routing_key: "{event_type}".into(),
             content_type: "application/json".into(),
             routes: Vec::new(),
+            key_header: "room_id".into(),
+        }
+    }
+}
+
+impl Default for ColumnsSettings {
+    /// The relay's own table (`outbox_store::Columns::default()` names the same).
+    fn default() -> Self {
+        Self {
+            position: "id".into(),
+            event_id: "event_id".into(),
+            event_type: "event_type".into(),
+            key: "room_id".into(),
+            payload: "envelope".into(),
+            headers: "headers".into(),
+            created_at: "created_at".into(),
         }
     }
 }
@@ -232,6 +334,9 @@ impl Settings {
         shown.amqp.url = redact_url(&self.amqp.url);
         shown.amqp.password = masked(&self.amqp.password).into();
         shown.relay.node_id = node_id.into();
+        for outbox in &mut shown.outboxes {
+            outbox.database_url = redact_url(&outbox.database_url);
+        }
         shown
     }
 }
@@ -251,6 +356,7 @@ impl std::fmt::Debug for DatabaseSettings {
             .field("listen_url", &redact_url(&self.listen_url))
             .field("probe", &self.probe)
             .field("probe_interval", &self.probe_interval)
+            .field("columns", &self.columns)
             .finish()
     }
 }
@@ -268,6 +374,25 @@ impl std::fmt::Debug for AmqpSection {
             .field("routing_key", &self.routing_key)
             .field("content_type", &self.content_type)
             .field("routes", &self.routes)
+            .field("key_header", &self.key_header)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for OutboxSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxSettings")
+            .field("name", &self.name)
+            .field("table", &self.table)
+            .field("database_url", &redact_url(&self.database_url))
+            .field("exchange", &self.exchange)
+            .field("exchange_type", &self.exchange_type)
+            .field("routing_key", &self.routing_key)
+            .field("key_header", &self.key_header)
+            .field("ordering", &self.ordering)
+            .field("publishers", &self.publishers)
+            .field("routes", &self.routes)
+            .field("columns", &self.columns)
             .finish()
     }
 }

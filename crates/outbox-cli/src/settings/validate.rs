@@ -5,6 +5,7 @@
 use super::check::{builtin, Report, Section};
 use super::config::{Config, DatabaseConfig, LogConfig};
 use super::field::Span;
+use super::outboxes::{self, database_columns, Inherited, DATABASE_SCHEMES};
 use super::shape::{
     AmqpSection, DatabaseSettings, LogSettings, MetricsSettings, RelaySettings, Settings,
 };
@@ -14,6 +15,7 @@ use outbox_amqp::{AmqpSettings, MessageSettings};
 use outbox_core::{RelayOptions, RetryPolicy, Route, Router, RoutingKeyTemplate};
 use outbox_store::TableName;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The largest `relay.batch_size`: a MySQL claim binds one value per claimed row (its limit
@@ -32,11 +34,33 @@ impl Settings {
             .validate(&mut report.section("amqp"), relay.as_ref());
         let log = self.log.validate(&mut report.section("log"));
         let metrics_listen = self.metrics.validate(&mut report.section("metrics"));
-        let (Some(database), Some(amqp), Some(relay), Some(log), Some(metrics_listen)) =
-            (database, amqp, relay, log, metrics_listen)
+        // The entries inherit from the sections above, so they are checked once those are
+        // valid (an entry's problems would otherwise repeat theirs).
+        let outboxes = match (&database, &amqp, &relay) {
+            (Some(database), Some(amqp), Some(relay)) => {
+                let inherited = Inherited {
+                    database,
+                    amqp,
+                    relay,
+                };
+                outboxes::validate(&self, &inherited, &mut report)
+            }
+            _ => None,
+        };
+        let (
+            Some(database),
+            Some(mut amqp),
+            Some(mut relay),
+            Some(log),
+            Some(metrics_listen),
+            Some(outboxes),
+        ) = (database, amqp, relay, log, metrics_listen, outboxes)
         else {
             return Err(report.errors);
         };
+        amqp.topology = outboxes.iter().map(|o| Arc::clone(&o.routing)).collect();
+        // The first outbox's, for the callers that relay one (`start_relay`).
+        relay = outboxes[0].relay_options(&relay);
         Ok(Config {
             effective: self.redacted(&relay.node_id),
             secrets: Secrets::from_urls(
@@ -47,11 +71,13 @@ impl Settings {
                 ]
                 .into_iter()
                 .flatten()
+                .chain(outboxes.iter().map(|outbox| &outbox.database_url))
                 .map(String::as_str),
             ),
             database,
             amqp,
             relay,
+            outboxes,
             log,
             metrics_listen,
             warnings: report.warnings,
@@ -63,12 +89,7 @@ impl DatabaseSettings {
     fn validate(&self, check: &mut Section<'_>) -> Option<DatabaseConfig> {
         let defaults = Self::default();
         let url = check.take(
-            url_setting(
-                &check.key("url"),
-                &self.url,
-                &["sqlite", "postgres", "postgresql", "mysql", "mariadb"],
-            )
-            .and_then(|url| {
+            url_setting(&check.key("url"), &self.url, DATABASE_SCHEMES).and_then(|url| {
                 secrets::with_password("database", url, &self.password, &self.password_file)
             }),
         );
@@ -76,6 +97,7 @@ impl DatabaseSettings {
             Ok(table) => Some(table),
             Err(error) => check.reject("table", &self.table, error.to_string()),
         };
+        let columns = database_columns(&self.columns, check);
         let max_connections = check.size(
             "max_connections",
             self.max_connections,
@@ -107,6 +129,7 @@ impl DatabaseSettings {
             url,
             redacted_url,
             table: table?,
+            columns: columns?,
             max_connections: u32::try_from(max_connections).unwrap_or(u32::MAX),
             migrate_on_start: self.migrate_on_start,
             notify: self.notify,
@@ -190,6 +213,8 @@ impl RelaySettings {
         let (poll_interval, retry_interval) = (poll_interval?, retry_interval?);
         Some(RelayOptions {
             name: self.name.clone(),
+            // The outbox's, filled in once the outboxes are known.
+            outbox: String::new(),
             node_id: match self.node_id.trim() {
                 "" => default_node_id(),
                 id => id.to_owned(),
@@ -229,26 +254,19 @@ impl AmqpSection {
             }),
         );
         let tls_ca_pem = check.take(secrets::tls_ca_file(&self.url, &self.tls_ca_file));
-        let exchange_type = match self.exchange_type.as_str() {
-            "topic" | "direct" | "fanout" | "headers" => Some(()),
-            custom if custom.starts_with("x-") => Some(()),
-            other => check.reject(
-                "exchange_type",
-                other,
-                "one of \"topic\", \"direct\", \"fanout\", \"headers\" or a plugin type \"x-…\"",
-            ),
-        };
-        let router = self.router(check);
+        let routing = self.routing(check);
 
-        let (relay, (url, redacted_url)) = (relay?, url?);
-        exchange_type?;
+        let (relay, (url, redacted_url), routing) = (relay?, url?, routing?);
         Some(AmqpSettings {
             url,
             redacted_url,
             tls_ca_pem: tls_ca_pem?,
-            exchange_type: self.exchange_type.clone(),
+            exchange_type: routing.exchange_type,
             declare_exchange: self.declare_exchange,
-            router: router?,
+            router: routing.router,
+            key_header: routing.key_header,
+            // Every outbox's, filled in once the outboxes are known.
+            topology: Vec::new(),
             message: MessageSettings {
                 content_type: self.content_type.clone(),
                 max_body_bytes: outbox_amqp::message::MAX_BODY_BYTES,
@@ -258,7 +276,7 @@ impl AmqpSection {
         })
     }
 
-    fn router(&self, check: &mut Section<'_>) -> Option<Router> {
+    pub(super) fn router(&self, check: &mut Section<'_>) -> Option<Router> {
         let routing_key = template(check, "routing_key", &self.routing_key);
         let routes: Vec<Option<Route>> = (self.routes.iter().enumerate())
             .map(|(index, route)| {
@@ -342,7 +360,11 @@ pub fn default_node_id() -> String {
 }
 
 /// Parses a URL setting with one of `schemes`; returns it and its redacted form.
-fn url_setting(key: &str, value: &str, schemes: &[&str]) -> Result<(String, String), ConfigError> {
+pub(super) fn url_setting(
+    key: &str,
+    value: &str,
+    schemes: &[&str],
+) -> Result<(String, String), ConfigError> {
     let invalid = |why: String| ConfigError::Invalid {
         key: key.into(),
         value: redact_url(value),

@@ -1,6 +1,7 @@
 //! Loading and validating whole settings files: each rejection names the key, the value
 //! and what is accepted, every problem is reported at once, and no password is shown.
 
+mod outboxes;
 mod secrets;
 
 use super::{Config, Settings};
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 // figment's Jail closures return its (large) error type.
 #[allow(clippy::result_large_err)]
-fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, String> {
+pub(super) fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, String> {
     let mut result = Err(String::new());
     Jail::expect_with(|jail| {
         jail.create_file("outbox.toml", toml)?;

@@ -1,0 +1,238 @@
+//! `[[outboxes]]` and `[database.columns]`: inheritance from the top-level sections, and
+//! every problem reported at once naming its outbox.
+
+use super::load;
+use outbox_core::Ordering;
+
+#[test]
+fn without_entries_there_is_one_outbox_named_after_the_table() {
+    let config = load("", &[]).unwrap();
+    assert_eq!(config.outboxes.len(), 1);
+    let outbox = &config.outboxes[0];
+    assert_eq!(outbox.name, "room_outbox");
+    assert_eq!(outbox.table.as_str(), "room_outbox");
+    assert_eq!(outbox.columns, outbox_store::Columns::default());
+    assert_eq!(outbox.routing.key_header, "room_id");
+    assert_eq!(outbox.routing.router.exchange, "room.events");
+    assert_eq!(outbox.database_url, config.database.url);
+    assert_eq!(outbox.publishers, config.relay.publishers);
+    assert_eq!(config.relay.outbox, "room_outbox");
+    assert_eq!(config.amqp.topology.len(), 1);
+}
+
+#[test]
+fn the_top_level_mapping_and_key_header_apply_to_the_one_outbox() {
+    let config = load(
+        "[database]\ntable = \"outbox\"\n[database.columns]\nkey = \"aggregateid\"\nheaders = \"\"\n\
+         [amqp]\nkey_header = \"aggregate\"",
+        &[],
+    )
+    .unwrap();
+    let outbox = &config.outboxes[0];
+    assert_eq!(outbox.name, "outbox");
+    assert_eq!(outbox.columns.key.as_str(), "aggregateid");
+    assert_eq!(outbox.columns.headers, None, "blank: no headers column");
+    assert_eq!(outbox.columns.payload.as_str(), "envelope");
+    assert_eq!(outbox.routing.key_header, "aggregate");
+    assert_eq!(config.database.columns, outbox.columns);
+}
+
+#[test]
+fn blank_keys_of_an_entry_inherit_the_top_level_values() {
+    let config = load(
+        r#"
+[database]
+url = "postgres://relay:topsecret@db/app"
+[database.columns]
+payload = "body"
+[amqp]
+exchange = "top.events"
+key_header = "tenant"
+[relay]
+publishers = 3
+ordering = "none"
+
+[[outboxes]]
+table = "orders_outbox"
+
+[[outboxes]]
+name = "rooms"
+table = "room_outbox"
+database_url = "postgres://other@db2/app2"
+exchange = "rooms.events"
+exchange_type = "fanout"
+routing_key = "{room_id}"
+key_header = "room"
+ordering = "per_room"
+publishers = 2
+routes = [ { event_type = "room.#", exchange = "room.special" } ]
+[outboxes.columns]
+key = "aggregateid"
+"#,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(config.outboxes.len(), 2);
+    let (orders, rooms) = (&config.outboxes[0], &config.outboxes[1]);
+    assert_eq!(orders.name, "orders_outbox", "blank name: the table");
+    assert_eq!(orders.database_url, "postgres://relay:topsecret@db/app");
+    assert_eq!(orders.columns.payload.as_str(), "body");
+    assert_eq!(orders.routing.router.exchange, "top.events");
+    assert_eq!(orders.routing.exchange_type, "topic");
+    assert_eq!(orders.routing.key_header, "tenant");
+    assert_eq!(orders.ordering, Ordering::None);
+    assert_eq!(orders.publishers, 3);
+
+    assert_eq!(rooms.name, "rooms");
+    assert_eq!(rooms.redacted_database_url, "postgres://other@db2/app2");
+    assert_eq!(rooms.columns.key.as_str(), "aggregateid");
+    assert_eq!(
+        rooms.columns.payload.as_str(),
+        "body",
+        "absent key: [database.columns]"
+    );
+    assert_eq!(rooms.routing.router.exchange, "rooms.events");
+    assert_eq!(rooms.routing.router.routes.len(), 1);
+    assert_eq!(rooms.routing.exchange_type, "fanout");
+    assert_eq!(rooms.routing.key_header, "room");
+    assert_eq!(rooms.ordering, Ordering::PerRoom);
+    assert_eq!(rooms.publishers, 2);
+
+    assert_eq!(config.amqp.topology.len(), 2, "every outbox's exchanges");
+    assert_eq!(config.relay.outbox, "orders_outbox", "the first outbox's");
+    assert_eq!(config.relay.ordering, Ordering::None);
+    assert_eq!(config.outbox_names(), ["orders_outbox", "rooms"]);
+    assert!(config.select_outboxes(Some("rooms")).is_ok());
+    let unknown = config.select_outboxes(Some("nope")).unwrap_err();
+    assert!(unknown.contains("orders_outbox, rooms"), "{unknown}");
+}
+
+#[test]
+fn every_problem_of_every_entry_is_reported_naming_the_outbox() {
+    let error = load(
+        r#"
+[[outboxes]]
+name = "orders"
+table = "Orders"
+[outboxes.columns]
+key = "Aggregate Id"
+
+[[outboxes]]
+name = "orders"
+table = "orders_outbox"
+ordering = "global"
+[outboxes.columns]
+payload = "status"
+
+[[outboxes]]
+name = "copy"
+table = "orders_outbox"
+
+[[outboxes]]
+name = "Bad Name"
+table = "x"
+routing_key = "{nope}"
+"#,
+        &[],
+    )
+    .unwrap_err();
+    let lines: Vec<&str> = error.lines().collect();
+    for expected in [
+        "outboxes[0] (orders): table: invalid table name \"Orders\"",
+        "outboxes[0] (orders): columns.key: invalid column name \"Aggregate Id\"",
+        "outboxes[1] (orders): ordering: \"global\" is invalid",
+        "outboxes[1] (orders): columns.payload: column \"status\" is one of the relay's bookkeeping columns",
+        "outboxes[2] (copy): table: orders_outbox of the same database is also the table of outboxes[1] (orders)",
+        "outboxes[3] (Bad Name): name: \"Bad Name\" is invalid",
+        "outboxes[3] (Bad Name): routing_key",
+    ] {
+        assert!(
+            lines.iter().any(|line| line.starts_with(expected)),
+            "missing {expected:?} in:\n{error}"
+        );
+    }
+}
+
+#[test]
+fn duplicate_names_are_rejected() {
+    let error = load(
+        "[[outboxes]]\nname = \"a\"\ntable = \"t1\"\n[[outboxes]]\nname = \"a\"\ntable = \"t2\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("outboxes[1] (a): name: \"a\" is also the name of outboxes[0] (a)"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_table_is_required_and_unknown_keys_are_rejected() {
+    let error = load("[[outboxes]]\nname = \"a\"", &[]).unwrap_err();
+    assert!(
+        error.contains("outboxes[0] (a): table: required"),
+        "{error}"
+    );
+    let error = load("[[outboxes]]\ntable = \"a\"\ntabel = \"b\"", &[]).unwrap_err();
+    assert!(error.contains("tabel"), "{error}");
+    let error = load(
+        "[[outboxes]]\ntable = \"a\"\n[outboxes.columns]\nkeys = \"k\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(error.contains("keys"), "{error}");
+}
+
+#[test]
+fn the_top_level_mapping_is_checked_too() {
+    let error = load(
+        "[database.columns]\nkey = \"event_id\"\nposition = \"Id\"\n[amqp]\nkey_header = \"node_id\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("database: columns.position: invalid column name \"Id\""),
+        "{error}"
+    );
+    assert!(error.contains("amqp.key_header"), "{error}");
+    let error = load("[database.columns]\nkey = \"event_id\"", &[]).unwrap_err();
+    assert!(
+        error.contains(
+            "database: columns.key: column \"event_id\" is already named by columns.event_id"
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_outbox_database_password_is_redacted_and_scrubbed() {
+    let config = load(
+        "[[outboxes]]\ntable = \"a\"\ndatabase_url = \"postgres://relay:hunter2@db/app\"",
+        &[],
+    )
+    .unwrap();
+    let outbox = &config.outboxes[0];
+    assert_eq!(outbox.redacted_database_url, "postgres://relay:***@db/app");
+    assert!(!format!("{outbox:?}").contains("hunter2"));
+    assert!(!format!("{config:?}").contains("hunter2"));
+    let shown = toml::to_string(&config.effective).unwrap();
+    assert!(
+        !shown.contains("hunter2") && shown.contains("***"),
+        "{shown}"
+    );
+    assert_eq!(config.secrets.scrub("pw hunter2"), "pw ***");
+}
+
+#[test]
+fn the_database_password_goes_into_an_outbox_url_naming_a_user() {
+    let config = load(
+        "[database]\nurl = \"postgres://relay@db/app\"\npassword = \"s3cret\"\n\
+         [[outboxes]]\ntable = \"a\"\ndatabase_url = \"postgres://relay@db/other\"",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        config.outboxes[0].database_url,
+        "postgres://relay:s3cret@db/other"
+    );
+}
