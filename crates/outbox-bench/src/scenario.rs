@@ -7,8 +7,8 @@ use crate::{baseline, process};
 use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
 use outbox_amqp::tap::{delete_exchange, delete_queue};
-use outbox_cli::settings::{Config, Settings};
-use outbox_cli::startup::{open_broker, open_store, start_relay};
+use outbox_cli::settings::{Config, OutboxSettings, Settings};
+use outbox_cli::startup::{open_broker, open_outboxes, start_relay, start_relays, OpenOutbox};
 use outbox_store::{insert_events, NewEvent, SeaOrmStore};
 use sea_orm::{ConnectionTrait as _, Statement};
 use std::time::{Duration, Instant};
@@ -51,6 +51,10 @@ pub struct DrainArgs {
     /// Repeat the run this many times and report each run and the medians.
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Outbox tables relayed by the one process (`[[outboxes]]`), the events split between
+    /// them room by room; each outbox has `--publishers` publishers of its own.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    outboxes: u16,
     /// Let the consumer read the queue only after the drain (default: while the relay
     /// runs, as a consumer that keeps up would). RabbitMQ confirms a persistent message
     /// nobody has consumed yet only once it is on disk, so confirms come later.
@@ -132,7 +136,10 @@ impl LatencyArgs {
 /// A fresh table and exchange for one run; the consumer runs in its own process.
 pub(crate) struct Bench {
     pub(crate) config: Config,
+    /// The first outbox's table (the only one unless `drain --outboxes`).
     pub(crate) store: SeaOrmStore,
+    /// Every outbox, opened: one unless `drain --outboxes`.
+    outboxes: Vec<OpenOutbox>,
     /// The relay's exchange, and the consumer's queue of the same name.
     queue: String,
     sqlite_file: Option<std::path::PathBuf>,
@@ -173,11 +180,13 @@ impl Bench {
             .map_err(|errors| anyhow::anyhow!("invalid bench settings: {errors:?}"))?;
         // Warnings of the relay (and its timings under RUST_LOG=outbox_relay=debug).
         outbox_cli::telemetry::init(&config.log, &config.secrets);
-        let store = open_store(&config, true).await?;
+        let outboxes = open_outboxes(&config, true).await?;
+        let store = outboxes[0].store.clone();
         let queue = config.amqp.router.exchange.clone();
         Ok(Self {
             config,
             store,
+            outboxes,
             queue,
             sqlite_file,
         })
@@ -186,24 +195,26 @@ impl Bench {
     /// Waits until no row is pending, asking every 10 ms with the cheapest question the
     /// partial pending index answers (`stats()` would count the whole table each time).
     async fn wait_all_marked(&self, deadline: Duration) -> anyhow::Result<()> {
-        let db = self.store.connection();
-        let sql = format!(
-            "SELECT 1 AS one FROM {} WHERE status = 'pending' LIMIT 1",
-            self.store.table()
-        );
         let until = Instant::now() + deadline;
-        while db
-            .query_one(Statement::from_string(
-                db.get_database_backend(),
-                sql.clone(),
-            ))
-            .await?
-            .is_some()
-        {
-            if Instant::now() > until {
-                bail!("not every event was marked within {deadline:?}");
+        for outbox in &self.outboxes {
+            let db = outbox.store.connection();
+            let sql = format!(
+                "SELECT 1 AS one FROM {} WHERE status = 'pending' LIMIT 1",
+                outbox.store.table()
+            );
+            while db
+                .query_one(Statement::from_string(
+                    db.get_database_backend(),
+                    sql.clone(),
+                ))
+                .await?
+                .is_some()
+            {
+                if Instant::now() > until {
+                    bail!("not every event was marked within {deadline:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(())
     }
@@ -215,13 +226,15 @@ impl Bench {
         let _ = delete_exchange(&channel, &self.queue).await;
         let _ = channel.close(200, "done".into()).await;
         broker.close().await;
-        let t = self.store.table().as_str();
-        for suffix in ["", "_migrations", "_lock"] {
-            let _ = self
-                .store
-                .connection()
-                .execute_unprepared(&format!("DROP TABLE IF EXISTS {t}{suffix}"))
-                .await;
+        for outbox in &self.outboxes {
+            let t = outbox.store.table().as_str();
+            for suffix in ["", "_migrations", "_lock"] {
+                let _ = outbox
+                    .store
+                    .connection()
+                    .execute_unprepared(&format!("DROP TABLE IF EXISTS {t}{suffix}"))
+                    .await;
+            }
         }
         if let Some(file) = self.sqlite_file {
             for suffix in ["", "-wal", "-shm"] {
@@ -289,8 +302,8 @@ pub(crate) fn round(value: f64, digits: i32) -> f64 {
 pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
     let backend = format!("{:?}", args.backend).to_lowercase();
     println!(
-        "drain: {backend}, {} events, {} rooms, {} publishers, batch {}, ordering {}",
-        args.events, args.rooms, args.publishers, args.batch_size, args.ordering
+        "drain: {backend}, {} events, {} rooms, {} outbox(es) with {} publishers each, batch {}, ordering {}",
+        args.events, args.rooms, args.outboxes, args.publishers, args.batch_size, args.ordering
     );
     let mut runs = Vec::with_capacity(args.runs);
     for _ in 0..args.runs.max(1) {
@@ -350,7 +363,7 @@ fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
         "cpu_us_per_event": round(pick(|r| r.cpu_us), 1),
         "peak_rss_mib": round(pick(|r| r.rss_mib), 1),
         "duplicates": runs.iter().map(|r| r.duplicates).sum::<usize>(),
-        "consume_after": args.consume_after,
+        "consume_after": args.consume_after, "outboxes": args.outboxes,
     });
     if runs.iter().all(|r| r.baseline.is_some()) && !runs.is_empty() {
         json["baseline_events_per_sec"] = pick(|r| r.baseline.unwrap_or(0.0)).round().into();
@@ -366,15 +379,31 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
         settings.relay.publishers = args.publishers;
         settings.relay.batch_size = args.batch_size;
         settings.relay.ordering = args.ordering.as_str().into();
+        if args.outboxes > 1 {
+            // Same exchange, mapping and options for each: only the table differs.
+            settings.outboxes = (0..args.outboxes)
+                .map(|n| OutboxSettings {
+                    name: format!("outbox{n}"),
+                    table: format!("{}_{n}", settings.database.table),
+                    ..OutboxSettings::default()
+                })
+                .collect();
+        }
     })
     .await?;
     let run = bench.store.table().as_str().to_owned();
     // Generated a chunk at a time: the backlog lives in the database, not in this process.
+    // With several outboxes, a room's events all go to one of them (room order is kept
+    // within a table), the rooms dealt out in turn.
+    let outboxes = bench.outboxes.len();
     for start in (0..args.events).step_by(PREFILL_CHUNK) {
-        let chunk: Vec<NewEvent> = (start..args.events.min(start + PREFILL_CHUNK))
-            .map(|n| event(&run, n, args.rooms))
-            .collect();
-        insert_events(bench.store.connection(), bench.store.table(), &chunk).await?;
+        let mut chunks: Vec<Vec<NewEvent>> = vec![Vec::new(); outboxes];
+        for n in start..args.events.min(start + PREFILL_CHUNK) {
+            chunks[(n % args.rooms) % outboxes].push(event(&run, n, args.rooms));
+        }
+        for (outbox, chunk) in bench.outboxes.iter().zip(&chunks) {
+            insert_events(outbox.store.connection(), outbox.store.table(), chunk).await?;
+        }
     }
     let consume = if args.consume_after {
         Consume::Later
@@ -388,14 +417,14 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     let cpu_before = process::cpu_seconds();
     let started = Instant::now();
     let broker = open_broker(&bench.config).await?;
-    let relay = start_relay(&bench.config, &bench.store, &broker).await?;
+    let relays = start_relays(&bench.config, &bench.outboxes, &broker).await?;
     let deadline = Duration::from_secs(120).max(Duration::from_millis(args.events as u64 * 2));
     // Every row marked means every publish was confirmed: the broker holds every event.
     bench.wait_all_marked(deadline).await?;
     let seconds = started.elapsed().as_secs_f64();
     let cpu = process::cpu_seconds() - cpu_before;
     let rss_mib = process::peak_rss_mib();
-    relay.shutdown().await?;
+    relays.shutdown(bench.config.relay.shutdown_timeout).await?;
     broker.close().await;
     // The consumer checks that every event is there, once or more, in room order.
     if consume == Consume::Later {
@@ -449,6 +478,7 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<()> {
                 no_baseline: false,
                 runs: args.runs,
                 consume_after: false,
+                outboxes: 1,
             };
             let mut runs = Vec::with_capacity(args.runs);
             for _ in 0..args.runs.max(1) {
