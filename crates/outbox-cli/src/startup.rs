@@ -89,14 +89,18 @@ pub async fn open_unchecked(
 }
 
 /// Checks the store's mapping against its table: a mapping problem is a
-/// [`ConfigProblem`] (`outbox orders: orders_outbox: columns.key: column "x" does not
-/// exist in table orders_outbox`), a missing table a runtime error.
+/// [`ConfigProblem`] (`outbox orders: table orders_outbox: columns.key: column "x" does
+/// not exist in table orders_outbox`), a missing or unmigrated table a runtime error.
 pub async fn check_columns(outbox: &str, store: &mut SeaOrmStore) -> anyhow::Result<()> {
     match store.check_columns().await {
         Ok(()) => Ok(()),
         Err(outbox_store::Error::Mapping { table, problems }) => {
             let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            Err(ConfigProblem(format!("outbox {outbox}: {table}: {}", problems.join("; "))).into())
+            Err(ConfigProblem(format!(
+                "outbox {outbox}: table {table}: {}",
+                problems.join("; ")
+            ))
+            .into())
         }
         Err(error) => Err(anyhow::Error::new(error).context(format!("outbox {outbox}"))),
     }

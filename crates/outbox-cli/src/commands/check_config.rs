@@ -53,24 +53,28 @@ pub async fn check_tables(config: &Config) -> anyhow::Result<()> {
                 problems.push(error.to_string())
             }
             Err(error) => {
-                let missing = matches!(
-                    error.downcast_ref::<outbox_store::Error>(),
-                    Some(outbox_store::Error::NoTable(_))
-                );
-                match (missing, config.database.migrate_on_start) {
-                    (true, true) => println!(
+                let migrating = config.database.migrate_on_start;
+                match (error.downcast_ref::<outbox_store::Error>(), migrating) {
+                    (Some(outbox_store::Error::NoTable(_)), true) => println!(
                         "# note: outbox {name}: table {} does not exist yet; `run` creates it \
                          (database.migrate_on_start)",
                         outbox.table
                     ),
-                    (true, false) => println!(
+                    (Some(outbox_store::Error::NoTable(_)), false) => println!(
                         "# warning: outbox {name}: table {} does not exist; run `outbox-relay \
                          migrate` before `run` (database.migrate_on_start is off)",
                         outbox.table
                     ),
-                    (false, _) => {
-                        println!("# warning: outbox {name}: table not checked: {error:#}")
+                    (Some(outbox_store::Error::NotMigrated { missing, .. }), true) => println!(
+                        "# note: outbox {name}: table {} lacks the relay's columns {}; `run` \
+                         adds them (database.migrate_on_start; `migrate --dry-run` shows how)",
+                        outbox.table,
+                        missing.join(", ")
+                    ),
+                    (Some(store_error), _) => {
+                        println!("# warning: outbox {name}: {store_error}")
                     }
+                    (None, _) => println!("# warning: outbox {name}: table not checked: {error:#}"),
                 }
             }
         }
