@@ -430,6 +430,50 @@ async fn row_of(database: &TestDatabase, table: &TableName, event_id: &str) -> O
         .unwrap_or_else(|| panic!("no row {event_id} in {table}"))
 }
 
+/// The metrics endpoint's address, from the relay's JSON log.
+async fn metrics_address(relay: &RelayProcess) -> std::net::SocketAddr {
+    let mut address = None;
+    eventually("the endpoint's address in the log", DEADLINE, || {
+        address = relay
+            .log_text()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|line| {
+                line["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("metrics and health endpoint listening"))
+            })
+            .and_then(|line| line["address"].as_str()?.parse().ok());
+        std::future::ready(address.is_some())
+    })
+    .await;
+    address.expect("an address")
+}
+
+/// `GET /metrics` over HTTP/1.0: the body.
+fn scrape(address: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("the endpoint answers");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("an answer");
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}
+
+/// The value of `metric` labelled `outbox="<outbox>"` in Prometheus text.
+fn sample(text: &str, metric: &str, outbox: &str) -> Option<f64> {
+    let label = format!("outbox=\"{outbox}\"");
+    text.lines()
+        .filter(|line| line.starts_with(&format!("{metric}{{")) && line.contains(&label))
+        .find_map(|line| line.rsplit_once(' ')?.1.parse().ok())
+}
+
 /// Runs `args` with `file` and parses the JSON it prints.
 fn json_of(file: &SettingsFile, args: &[&str]) -> serde_json::Value {
     let output = file.run(crate::RELAY, args);
@@ -469,6 +513,9 @@ async fn one_process_relays_two_outboxes_and_a_stuck_one_holds_back_only_itself(
         // The missing exchange must stay missing.
         settings.amqp.declare_exchange = false;
         settings.relay.retry_interval = "100ms".into();
+        // Port 0: the system picks one, which the JSON log names.
+        settings.metrics.listen = "127.0.0.1:0".into();
+        settings.log.format = "json".into();
         settings.outboxes = vec![
             OutboxSettings {
                 name: "rooms".into(),
@@ -579,6 +626,27 @@ async fn one_process_relays_two_outboxes_and_a_stuck_one_holds_back_only_itself(
         ),
     );
     assert_eq!(none.lines().count(), 0, "{none}");
+
+    // Each outbox counts under its own label.
+    let address = metrics_address(&relay).await;
+    let mut text = String::new();
+    eventually("the published counters of both outboxes", DEADLINE, || {
+        text = scrape(address);
+        let counted = sample(&text, "outbox_events_published_total", "rooms") == Some(40.0)
+            && sample(&text, "outbox_events_published_total", "orders") == Some(20.0);
+        std::future::ready(counted)
+    })
+    .await;
+    assert_eq!(
+        sample(&text, "outbox_events_dead_total", "orders"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "outbox_events_dead_total", "rooms"),
+        Some(0.0),
+        "{text}"
+    );
 
     relay.stop(DEADLINE).await;
     rooms_broker.close().await;
