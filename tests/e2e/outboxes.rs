@@ -677,6 +677,7 @@ async fn single_outbox_refused(settings: &Settings, names: &[&str]) {
     let mut relay = RelayProcess::spawn(crate::RELAY, settings);
     let status = relay.wait(DEADLINE).await;
     refused("run", status.code(), &relay.log_text(), names);
+    let _ = std::fs::remove_file(&relay.log);
 }
 
 /// `check-config` and `run` with `file` exit 2 naming `names`.
@@ -696,6 +697,7 @@ async fn listed_outbox_refused(file: &SettingsFile, names: &[&str]) {
         !log.contains("outbox fine:"),
         "the good outbox is not blamed:\n{log}"
     );
+    let _ = std::fs::remove_file(&relay.log);
 }
 
 async fn bad_mappings_exit_2_naming_the_outbox_the_setting_and_the_column(backend: Backend) {
