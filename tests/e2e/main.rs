@@ -17,6 +17,10 @@ mod faults;
 mod metrics;
 /// Several relay processes on one table, a killed node, concurrent producers.
 mod multinode;
+/// Adopted tables and several outboxes through the binary: `migrate --dry-run`, `migrate`
+/// and `run` on a Debezium-shaped table and the original worker's; two outboxes in one
+/// process; bad mappings refused with exit code 2.
+mod outboxes;
 /// `enqueue` in the caller's transaction, the README's plain INSERT, the trace context.
 mod producer;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.

@@ -67,6 +67,44 @@ pub fn run_binary(binary: &str, settings: &Settings, args: &[&str]) -> std::proc
         .expect("the relay binary runs")
 }
 
+/// The settings written as a TOML file for `--config`, removed on drop: what the
+/// environment cannot say (`[[outboxes]]`).
+pub struct SettingsFile {
+    /// Where the file is.
+    pub path: std::path::PathBuf,
+}
+
+impl SettingsFile {
+    /// Writes `settings` to a fresh file in the temporary directory.
+    pub fn write(settings: &Settings) -> Self {
+        let text = toml::to_string(settings).expect("settings serialise as TOML");
+        let path = std::env::temp_dir().join(format!("{}.toml", unique_name("settings")));
+        std::fs::write(&path, text).expect("settings file written");
+        Self { path }
+    }
+
+    /// Runs the relay `binary` with this file (nothing in the environment) and waits.
+    pub fn run(&self, binary: &str, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(binary)
+            .arg("--config")
+            .arg(&self.path)
+            .args(args)
+            .output()
+            .expect("the relay binary runs")
+    }
+
+    /// Starts `binary run` with this file; `name` names its log file.
+    pub fn spawn(&self, binary: &str, name: &str) -> RelayProcess {
+        RelayProcess::start(binary, &self.path, &[], name)
+    }
+}
+
+impl Drop for SettingsFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// An `outbox-relay run` process, its log in a temporary file.
 pub struct RelayProcess {
     child: std::process::Child,
@@ -77,11 +115,22 @@ pub struct RelayProcess {
 impl RelayProcess {
     /// Starts `binary run` with `settings` in its environment.
     pub fn spawn(binary: &str, settings: &Settings) -> Self {
-        let log =
-            std::env::temp_dir().join(format!("{}.log", unique_name(&settings.relay.node_id)));
+        Self::start(
+            binary,
+            std::path::Path::new("/dev/null"),
+            &settings_env(settings),
+            &settings.relay.node_id,
+        )
+    }
+
+    /// Starts `binary --config config run` with `env`; `name` names its log file.
+    fn start(binary: &str, config: &std::path::Path, env: &[(String, String)], name: &str) -> Self {
+        let log = std::env::temp_dir().join(format!("{}.log", unique_name(name)));
         let child = std::process::Command::new(binary)
-            .args(["--config", "/dev/null", "run"])
-            .envs(settings_env(settings))
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .envs(env.iter().map(|(key, value)| (key, value)))
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
