@@ -299,30 +299,9 @@ per_backend!(relays_a_debezium_table_in_place: postgres, mariadb, sqlite);
 /// The original worker's table, as its repository writes it (nearest types per backend).
 async fn create_original(fixture: &Fixture) {
     fixture
-        .execute(match fixture.backend() {
-            DbBackend::Postgres => {
-                "CREATE TABLE {t} (id BIGSERIAL PRIMARY KEY, event_id VARCHAR(64) NOT NULL UNIQUE, \
-                 event_type VARCHAR(255) NOT NULL, room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
-                 status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INTEGER NOT NULL DEFAULT 0, \
-                 last_error TEXT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
-                 published_at TIMESTAMPTZ NULL)"
-            }
-            DbBackend::MySql => {
-                "CREATE TABLE {t} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
-                 event_id VARCHAR(64) NOT NULL UNIQUE, event_type VARCHAR(255) NOT NULL, \
-                 room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
-                 status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INT NOT NULL DEFAULT 0, \
-                 last_error TEXT NULL, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
-                 published_at TIMESTAMP(6) NULL DEFAULT NULL)"
-            }
-            DbBackend::Sqlite => {
-                "CREATE TABLE {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id VARCHAR(64) NOT NULL UNIQUE, \
-                 event_type VARCHAR(255) NOT NULL, room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
-                 status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INTEGER NOT NULL DEFAULT 0, \
-                 last_error TEXT NULL, created_at DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, \
-                 published_at DATETIME NULL)"
-            }
-        })
+        .execute(outbox_tests::database::original_worker_table(
+            fixture.backend(),
+        ))
         .await;
     let now = match fixture.backend() {
         DbBackend::Postgres => "now()",

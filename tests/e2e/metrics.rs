@@ -3,40 +3,13 @@
 
 use outbox_core::OutboxStore;
 use outbox_tests::{
-    eventually, room_events, seed, Backend, FaultProxy, RelayProcess, TestApp, TestDatabase,
+    eventually, http_get as get, room_events, seed, Backend, FaultProxy, RelayProcess, TestApp,
+    TestDatabase,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// `GET path` over HTTP/1.0 (the server closes the connection after the answer): the
-/// status code and the body. No HTTP client needed.
-async fn get(address: SocketAddr, path: &str) -> (u16, String) {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(address).await?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-            .await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
-        Ok::<_, std::io::Error>(response)
-    };
-    let response = tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .unwrap_or_else(|_| panic!("GET {path}: no answer within 10 s"))
-        .unwrap_or_else(|error| panic!("GET {path}: {error}"));
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("GET {path}: not an HTTP response: {response:?}"));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("GET {path}: no status in {head:?}"));
-    (status, body.to_owned())
-}
 
 /// The sum of every sample of `name` (all label sets) in Prometheus text, or `None` when
 /// there is none.
@@ -51,35 +24,6 @@ fn total(text: &str, name: &str) -> Option<f64> {
         })
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
-}
-
-/// Waits for the endpoint's "listening" line in the relay's JSON log; its address.
-async fn endpoint_address(relay: &RelayProcess) -> SocketAddr {
-    let mut address = None;
-    eventually(
-        "the endpoint's address in the log",
-        Duration::from_secs(30),
-        || {
-            address = listening_line(relay)
-                .and_then(|line| line["address"].as_str().and_then(|text| text.parse().ok()));
-            std::future::ready(address.is_some())
-        },
-    )
-    .await;
-    address.expect("an address")
-}
-
-/// The endpoint's "listening" log line, if the relay wrote one.
-fn listening_line(relay: &RelayProcess) -> Option<serde_json::Value> {
-    relay
-        .log_text()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|line| {
-            line["message"]
-                .as_str()
-                .is_some_and(|message| message.starts_with("metrics and health endpoint listening"))
-        })
 }
 
 /// The TCP ports on which process `pid` listens (IPv4 and IPv6): its socket inodes,
@@ -135,7 +79,7 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
     let database = &app.database;
     let node = app.settings.relay.node_id.clone();
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
-    let address = endpoint_address(&relay).await;
+    let address = relay.metrics_address().await;
     assert_eq!(
         listening_ports(relay.pid()),
         vec![address.port()],
@@ -247,7 +191,7 @@ async fn readyz_follows(link: Link) {
         .await;
     let database = &app.database;
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
-    let address = endpoint_address(&relay).await;
+    let address = relay.metrics_address().await;
     eventually("ready after start", Duration::from_secs(30), || async {
         get(address, "/readyz").await == (200, "ready\n".into())
     })
@@ -322,7 +266,7 @@ async fn an_empty_metrics_listen_serves_nothing() {
         "no listening socket at all"
     );
     assert!(
-        listening_line(&relay).is_none(),
+        relay.listening_line().is_none(),
         "no endpoint announced:\n{}",
         relay.log_text()
     );

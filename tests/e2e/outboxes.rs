@@ -282,16 +282,8 @@ async fn dry_run_migrate_and_run_relay_a_debezium_table(backend: Backend) {
         "migrate --dry-run",
         &file.run(crate::RELAY, &["migrate", "--dry-run"]),
     );
-    let mut added = vec![
-        "status",
-        "retry_count",
-        "last_error",
-        "available_at",
-        "locked_by",
-        "locked_until",
-        "published_at",
-        "created_at",
-    ];
+    let mut added = outbox_store::columns::BOOKKEEPING.to_vec();
+    added.push("created_at");
     if backend != Backend::Sqlite {
         added.push("seq");
     }
@@ -428,42 +420,6 @@ async fn row_of(database: &TestDatabase, table: &TableName, event_id: &str) -> O
         .into_iter()
         .find(|row| row.event_id == event_id)
         .unwrap_or_else(|| panic!("no row {event_id} in {table}"))
-}
-
-/// The metrics endpoint's address, from the relay's JSON log.
-async fn metrics_address(relay: &RelayProcess) -> std::net::SocketAddr {
-    let mut address = None;
-    eventually("the endpoint's address in the log", DEADLINE, || {
-        address = relay
-            .log_text()
-            .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .find(|line| {
-                line["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("metrics and health endpoint listening"))
-            })
-            .and_then(|line| line["address"].as_str()?.parse().ok());
-        std::future::ready(address.is_some())
-    })
-    .await;
-    address.expect("an address")
-}
-
-/// `GET /metrics` over HTTP/1.0: the body.
-fn scrape(address: std::net::SocketAddr) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).expect("the endpoint answers");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("an answer");
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default()
 }
 
 /// The value of `metric` labelled `outbox="<outbox>"` in Prometheus text.
@@ -628,15 +584,21 @@ async fn one_process_relays_two_outboxes_and_a_stuck_one_holds_back_only_itself(
     assert_eq!(none.lines().count(), 0, "{none}");
 
     // Each outbox counts under its own label.
-    let address = metrics_address(&relay).await;
-    let mut text = String::new();
-    eventually("the published counters of both outboxes", DEADLINE, || {
-        text = scrape(address);
-        let counted = sample(&text, "outbox_events_published_total", "rooms") == Some(40.0)
-            && sample(&text, "outbox_events_published_total", "orders") == Some(20.0);
-        std::future::ready(counted)
-    })
+    let address = relay.metrics_address().await;
+    let scraped = std::cell::RefCell::new(String::new());
+    eventually(
+        "the published counters of both outboxes",
+        DEADLINE,
+        || async {
+            let text = outbox_tests::http_get(address, "/metrics").await.1;
+            let counted = sample(&text, "outbox_events_published_total", "rooms") == Some(40.0)
+                && sample(&text, "outbox_events_published_total", "orders") == Some(20.0);
+            *scraped.borrow_mut() = text;
+            counted
+        },
+    )
     .await;
+    let text = scraped.into_inner();
     assert_eq!(
         sample(&text, "outbox_events_dead_total", "orders"),
         Some(1.0),
@@ -805,30 +767,9 @@ per_backend!(bad_mappings_exit_2_naming_the_outbox_the_setting_and_the_column: p
 /// with rows it published, rows it never tried and rows it retried.
 async fn create_original(fixture: &Fixture) {
     fixture
-        .execute(match fixture.backend() {
-            DbBackend::Postgres => {
-                "CREATE TABLE {t} (id BIGSERIAL PRIMARY KEY, event_id VARCHAR(64) NOT NULL UNIQUE, \
-                 event_type VARCHAR(255) NOT NULL, room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
-                 status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INTEGER NOT NULL DEFAULT 0, \
-                 last_error TEXT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
-                 published_at TIMESTAMPTZ NULL)"
-            }
-            DbBackend::MySql => {
-                "CREATE TABLE {t} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
-                 event_id VARCHAR(64) NOT NULL UNIQUE, event_type VARCHAR(255) NOT NULL, \
-                 room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
-                 status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INT NOT NULL DEFAULT 0, \
-                 last_error TEXT NULL, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
-                 published_at TIMESTAMP(6) NULL DEFAULT NULL)"
-            }
-            DbBackend::Sqlite => {
-                "CREATE TABLE {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id VARCHAR(64) NOT NULL UNIQUE, \
-                 event_type VARCHAR(255) NOT NULL, room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
-                 status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INTEGER NOT NULL DEFAULT 0, \
-                 last_error TEXT NULL, created_at DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, \
-                 published_at DATETIME NULL)"
-            }
-        })
+        .execute(outbox_tests::database::original_worker_table(
+            fixture.backend(),
+        ))
         .await;
     // (event id, room, status, retry count)
     let rows = [

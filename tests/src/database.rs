@@ -174,3 +174,33 @@ impl TestDatabase {
         }
     }
 }
+
+/// The original `room_outbox` worker's table, as its repository writes it, in the nearest
+/// types of `backend`; `{t}` stands for the table's name. The relay's names without
+/// `headers`, `available_at`, `locked_by` and `locked_until`.
+pub fn original_worker_table(backend: DbBackend) -> &'static str {
+    match backend {
+        DbBackend::Postgres => {
+            "CREATE TABLE {t} (id BIGSERIAL PRIMARY KEY, event_id VARCHAR(64) NOT NULL UNIQUE, \
+             event_type VARCHAR(255) NOT NULL, room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
+             status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INTEGER NOT NULL DEFAULT 0, \
+             last_error TEXT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now(), \
+             published_at TIMESTAMPTZ NULL)"
+        }
+        DbBackend::MySql => {
+            "CREATE TABLE {t} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+             event_id VARCHAR(64) NOT NULL UNIQUE, event_type VARCHAR(255) NOT NULL, \
+             room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
+             status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INT NOT NULL DEFAULT 0, \
+             last_error TEXT NULL, created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+             published_at TIMESTAMP(6) NULL DEFAULT NULL)"
+        }
+        DbBackend::Sqlite => {
+            "CREATE TABLE {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id VARCHAR(64) NOT NULL UNIQUE, \
+             event_type VARCHAR(255) NOT NULL, room_id VARCHAR(255) NOT NULL, envelope TEXT NOT NULL, \
+             status VARCHAR(16) NOT NULL DEFAULT 'pending', retry_count INTEGER NOT NULL DEFAULT 0, \
+             last_error TEXT NULL, created_at DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP, \
+             published_at DATETIME NULL)"
+        }
+    }
+}

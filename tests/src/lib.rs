@@ -17,7 +17,7 @@ pub use broker::{Received, TestBroker};
 pub use database::{Backend, TestDatabase};
 pub use events::{event, own_room_events, room_events, seed, TestEvent};
 pub use proxy::FaultProxy;
-pub use relay::{run_binary, settings_env, InProcessRelay, RelayProcess, SettingsFile};
+pub use relay::{http_get, run_binary, settings_env, InProcessRelay, RelayProcess, SettingsFile};
 pub use tls_proxy::{TestCa, TlsProxy};
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -3,7 +3,9 @@
 
 use crate::unique_name;
 use outbox_cli::settings::{Config, Settings};
+use std::net::SocketAddr;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The settings as `OUTBOX_RELAY__…` variables, for running the binary: one variable per
 /// key, nested sections (`[database.columns]`) as `OUTBOX_RELAY__DATABASE__COLUMNS__KEY`.
@@ -138,6 +140,35 @@ impl RelayProcess {
         Self { child, log }
     }
 
+    /// The metrics endpoint's "listening" log line (JSON log), if it wrote one.
+    pub fn listening_line(&self) -> Option<serde_json::Value> {
+        self.log_text()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|line| {
+                line["message"].as_str().is_some_and(|message| {
+                    message.starts_with("metrics and health endpoint listening")
+                })
+            })
+    }
+
+    /// Waits for the metrics endpoint's "listening" line in the JSON log; its address.
+    pub async fn metrics_address(&self) -> std::net::SocketAddr {
+        let mut address = None;
+        crate::eventually(
+            "the endpoint's address in the log",
+            Duration::from_secs(30),
+            || {
+                address = self
+                    .listening_line()
+                    .and_then(|line| line["address"].as_str().and_then(|text| text.parse().ok()));
+                std::future::ready(address.is_some())
+            },
+        )
+        .await;
+        address.expect("an address")
+    }
+
     /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -193,4 +224,31 @@ impl Drop for RelayProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET path` over HTTP/1.0 (the server closes the connection after the answer): the
+/// status code and the body. No HTTP client needed.
+pub async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .unwrap_or_else(|_| panic!("GET {path}: no answer within 10 s"))
+        .unwrap_or_else(|error| panic!("GET {path}: {error}"));
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("GET {path}: not an HTTP response: {response:?}"));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("GET {path}: no status in {head:?}"));
+    (status, body.to_owned())
 }
