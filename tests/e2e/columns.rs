@@ -7,87 +7,22 @@ use chrono::{Duration as TimeDelta, Utc};
 use outbox_core::{
     ClaimRequest, InsertFeed, MarkBatch, Ordering, OutboxRecord, OutboxStore, PurgeTarget,
 };
-use outbox_store::{ColumnName, Columns, Error, SeaOrmStore, TableName};
-use outbox_tests::{per_backend, unique_name, Backend, TestDatabase};
+use outbox_store::{ColumnName, Columns, Error, SeaOrmStore};
+use outbox_tests::producer_table::ProducerTable as Fixture;
+use outbox_tests::{per_backend, Backend, TestDatabase};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// A table of its own beside the test database's (whose default table is dropped too).
-struct Fixture {
-    database: TestDatabase,
-    table: TableName,
-}
-
-impl Fixture {
-    async fn new(backend: Backend) -> Self {
-        Self {
-            database: TestDatabase::new(backend).await,
-            table: TableName::parse(&unique_name("cols")).unwrap(),
-        }
-    }
-
-    fn backend(&self) -> DbBackend {
-        self.database.backend()
-    }
-
-    /// Runs `sql` (`{t}`: the fixture's table).
-    async fn execute(&self, sql: &str) {
-        let sql = sql.replace("{t}", self.table.as_str());
-        self.database
-            .db()
-            .execute(Statement::from_string(self.backend(), sql.clone()))
-            .await
-            .unwrap_or_else(|error| panic!("{sql}: {error}"));
-    }
-
-    /// Name and type of each column of `table`, in table order; empty when it does not
-    /// exist.
-    async fn shape_of(&self, table: &str) -> Vec<(String, String)> {
-        let sql = match self.backend() {
-            DbBackend::Postgres => format!(
-                "SELECT column_name::text AS name, data_type::text AS type FROM information_schema.columns \
-                 WHERE table_schema = current_schema() AND table_name = '{table}' ORDER BY ordinal_position"
-            ),
-            DbBackend::MySql => format!(
-                "SELECT CAST(column_name AS CHAR) AS name, CAST(column_type AS CHAR) AS type \
-                 FROM information_schema.columns WHERE table_schema = DATABASE() \
-                 AND table_name = '{table}' ORDER BY ordinal_position"
-            ),
-            DbBackend::Sqlite => {
-                format!("SELECT name, type FROM pragma_table_info('{table}') ORDER BY cid")
-            }
-        };
-        self.database
-            .db()
-            .query_all(Statement::from_string(self.backend(), sql))
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| {
-                (
-                    row.try_get("", "name").unwrap(),
-                    row.try_get("", "type").unwrap(),
-                )
-            })
-            .collect()
-    }
-
-    /// A store on the fixture's table with `columns`, checked.
-    async fn store(&self, columns: Columns) -> SeaOrmStore {
-        let mut store =
-            SeaOrmStore::new(self.database.db().clone(), self.table.clone()).with_columns(columns);
-        store
-            .check_columns()
-            .await
-            .expect("the mapping fits the migrated table");
-        store
-    }
-
-    async fn finish(self) {
-        self.database.drop_outbox(&self.table).await;
-        self.database.drop_table().await;
-    }
+/// A store on the fixture's table with `columns`, checked.
+async fn checked_store(fixture: &Fixture, columns: Columns) -> SeaOrmStore {
+    let mut store = SeaOrmStore::new(fixture.database.db().clone(), fixture.table.clone())
+        .with_columns(columns);
+    store
+        .check_columns()
+        .await
+        .expect("the mapping fits the migrated table");
+    store
 }
 
 fn name(column: &str) -> ColumnName {
@@ -200,7 +135,7 @@ fn uuid(n: u8, fill: char) -> String {
 }
 
 async fn relays_a_debezium_table_in_place(backend: Backend) {
-    let fixture = Fixture::new(backend).await;
+    let fixture = Fixture::new(backend, "cols").await;
     create_debezium(&fixture).await;
     let json = |text: &str| match fixture.backend() {
         DbBackend::Sqlite => format!("X'{}'", hex(text.as_bytes())),
@@ -233,7 +168,7 @@ async fn relays_a_debezium_table_in_place(backend: Backend) {
     for (id, key, payload) in &after {
         insert_debezium(&fixture, id, key, payload).await;
     }
-    let store = fixture.store(columns).await;
+    let store = checked_store(&fixture, columns).await;
 
     let claimed = store.claim(&claim_all()).await.expect("the claim works");
     let inserted: Vec<_> = before.iter().chain(&after).collect();
@@ -333,14 +268,14 @@ async fn create_original(fixture: &Fixture) {
 }
 
 async fn adopts_the_original_workers_table(backend: Backend) {
-    let fixture = Fixture::new(backend).await;
+    let fixture = Fixture::new(backend, "cols").await;
     create_original(&fixture).await;
     let applied =
         outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &Columns::default())
             .await
             .expect("the table is adopted");
     assert_eq!(applied.len(), 4, "{applied:?}");
-    let store = fixture.store(Columns::default()).await;
+    let store = checked_store(&fixture, Columns::default()).await;
     let stats = store.stats().await.unwrap();
     assert_eq!(
         (stats.pending, stats.published),
@@ -373,7 +308,7 @@ async fn adopts_the_original_workers_table(backend: Backend) {
 per_backend!(adopts_the_original_workers_table: postgres, mariadb, sqlite);
 
 async fn plan_lists_the_changes_and_makes_none(backend: Backend) {
-    let fixture = Fixture::new(backend).await;
+    let fixture = Fixture::new(backend, "cols").await;
     create_debezium(&fixture).await;
     insert_debezium(&fixture, &uuid(1, '1'), "a", "'{}'").await;
     let columns = debezium_columns(fixture.backend());
@@ -432,7 +367,7 @@ async fn plan_lists_the_changes_and_makes_none(backend: Backend) {
 per_backend!(plan_lists_the_changes_and_makes_none: postgres, mariadb, sqlite);
 
 async fn check_columns_names_the_setting_and_the_column(backend: Backend) {
-    let fixture = Fixture::new(backend).await;
+    let fixture = Fixture::new(backend, "cols").await;
     let store = || SeaOrmStore::new(fixture.database.db().clone(), fixture.table.clone());
     let columns = debezium_columns(fixture.backend());
 
@@ -515,7 +450,7 @@ fn hex(bytes: &[u8]) -> String {
 /// MySQL cannot index a TEXT key without a prefix: `migrate` says so, naming the setting,
 /// and changes nothing.
 async fn a_text_key_on_mysql_is_refused_by_name(backend: Backend) {
-    let fixture = Fixture::new(backend).await;
+    let fixture = Fixture::new(backend, "cols").await;
     fixture
         .execute(
             "CREATE TABLE {t} (id CHAR(36) NOT NULL PRIMARY KEY, aggregateid TEXT NOT NULL, \

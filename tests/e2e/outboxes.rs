@@ -5,6 +5,7 @@
 
 use outbox_cli::settings::{ColumnsSettings, OutboxColumnsSettings, OutboxSettings, Settings};
 use outbox_store::{insert_events, NewEvent, OutboxRow, TableName};
+use outbox_tests::producer_table::ProducerTable as Fixture;
 use outbox_tests::{
     assert_every_event_delivered, eventually, own_room_events, per_backend, run_binary, seed,
     test_settings, unique_name, Backend, Received, RelayProcess, SettingsFile, TestBroker,
@@ -17,86 +18,15 @@ use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// The test database (with its own default table) and a table of the test's own, made by
-/// hand the way a producer made it.
-struct Fixture {
-    database: TestDatabase,
-    table: TableName,
-}
-
-impl Fixture {
-    async fn new(backend: Backend) -> Self {
-        Self {
-            database: TestDatabase::new(backend).await,
-            table: TableName::parse(&unique_name("adopt")).unwrap(),
-        }
-    }
-
-    fn backend(&self) -> DbBackend {
-        self.database.backend()
-    }
-
-    /// Runs `sql` (`{t}`: the fixture's table).
-    async fn execute(&self, sql: &str) {
-        let sql = sql.replace("{t}", self.table.as_str());
-        self.database
-            .db()
-            .execute(Statement::from_string(self.backend(), sql.clone()))
-            .await
-            .unwrap_or_else(|error| panic!("{sql}: {error}"));
-    }
-
-    /// The text column `column` of every row of `sql` (`{t}`: the fixture's table).
-    async fn texts(&self, sql: &str, column: &str) -> Vec<Option<String>> {
-        let sql = sql.replace("{t}", self.table.as_str());
-        self.database
-            .db()
-            .query_all(Statement::from_string(self.backend(), sql.clone()))
-            .await
-            .unwrap_or_else(|error| panic!("{sql}: {error}"))
-            .iter()
-            .map(|row| row.try_get("", column).unwrap())
-            .collect()
-    }
-
-    /// Names of `table`'s columns, in table order; empty when it does not exist.
-    async fn columns_of(&self, table: &str) -> Vec<String> {
-        let sql = match self.backend() {
-            DbBackend::Postgres => format!(
-                "SELECT column_name::text AS name FROM information_schema.columns \
-                 WHERE table_schema = current_schema() AND table_name = '{table}' \
-                 ORDER BY ordinal_position"
-            ),
-            DbBackend::MySql => format!(
-                "SELECT CAST(column_name AS CHAR) AS name FROM information_schema.columns \
-                 WHERE table_schema = DATABASE() AND table_name = '{table}' \
-                 ORDER BY ordinal_position"
-            ),
-            DbBackend::Sqlite => {
-                format!("SELECT name FROM pragma_table_info('{table}') ORDER BY cid")
-            }
-        };
-        self.texts(&sql, "name")
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
-    }
-
-    /// How many rows of the fixture's table are not `published`.
-    async fn unpublished(&self) -> usize {
-        self.texts(
+/// How many rows of the fixture's table are not `published`.
+async fn unpublished(fixture: &Fixture) -> usize {
+    fixture
+        .texts(
             "SELECT status FROM {t} WHERE status <> 'published'",
             "status",
         )
         .await
         .len()
-    }
-
-    async fn finish(self) {
-        self.database.drop_outbox(&self.table).await;
-        self.database.drop_table().await;
-    }
 }
 
 fn stdout(output: &Output) -> String {
@@ -223,7 +153,7 @@ async fn payload_of(fixture: &Fixture, id: &str) -> Vec<u8> {
 }
 
 async fn dry_run_migrate_and_run_relay_a_debezium_table(backend: Backend) {
-    let fixture = Fixture::new(backend).await;
+    let fixture = Fixture::new(backend, "adopt").await;
     let broker = TestBroker::new("#").await;
     fixture
         .execute(match fixture.backend() {
@@ -395,7 +325,7 @@ async fn dry_run_migrate_and_run_relay_a_debezium_table(backend: Backend) {
         );
     }
     eventually("every row published", DEADLINE, || async {
-        fixture.unpublished().await == 0
+        unpublished(&fixture).await == 0
     })
     .await;
     relay.stop(DEADLINE).await;
@@ -814,7 +744,7 @@ async fn published_at(fixture: &Fixture, event_id: &str) -> Option<String> {
 }
 
 async fn the_original_workers_table_sends_only_what_it_had_not_sent(backend: Backend) {
-    let fixture = Fixture::new(backend).await;
+    let fixture = Fixture::new(backend, "adopt").await;
     let broker = TestBroker::new("#").await;
     create_original(&fixture).await;
     let published_before = [
@@ -836,7 +766,7 @@ async fn the_original_workers_table_sends_only_what_it_had_not_sent(backend: Bac
     let pending: Vec<String> = ["w2", "w4", "w5", "w6", "w7"].map(String::from).to_vec();
     wait_for_ids(&broker, &pending).await;
     eventually("every row published", DEADLINE, || async {
-        fixture.unpublished().await == 0
+        unpublished(&fixture).await == 0
     })
     .await;
     relay.stop(DEADLINE).await;

@@ -1,0 +1,100 @@
+//! [`ProducerTable`]: a table made by hand the way a producer made it, beside the test
+//! database's own outbox, for the tests that adopt existing tables.
+
+use crate::{unique_name, Backend, TestDatabase};
+use outbox_store::TableName;
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+
+/// The test database (with its own default table) and a table of the test's own.
+pub struct ProducerTable {
+    /// The test database.
+    pub database: TestDatabase,
+    /// The hand-made table.
+    pub table: TableName,
+}
+
+impl ProducerTable {
+    /// A fresh test database on `backend`; the table's name starts with `prefix` and is
+    /// not created yet.
+    pub async fn new(backend: Backend, prefix: &str) -> Self {
+        Self {
+            database: TestDatabase::new(backend).await,
+            table: TableName::parse(&unique_name(prefix)).expect("a valid table name"),
+        }
+    }
+
+    /// The database's backend.
+    pub fn backend(&self) -> DbBackend {
+        self.database.backend()
+    }
+
+    /// Runs `sql` (`{t}`: the table).
+    pub async fn execute(&self, sql: &str) {
+        let sql = sql.replace("{t}", self.table.as_str());
+        self.database
+            .db()
+            .execute(Statement::from_string(self.backend(), sql.clone()))
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
+    }
+
+    /// The text column `column` of every row of `sql` (`{t}`: the table).
+    pub async fn texts(&self, sql: &str, column: &str) -> Vec<Option<String>> {
+        let sql = sql.replace("{t}", self.table.as_str());
+        self.database
+            .db()
+            .query_all(Statement::from_string(self.backend(), sql.clone()))
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error}"))
+            .iter()
+            .map(|row| row.try_get("", column).unwrap())
+            .collect()
+    }
+
+    /// Name and type of each column of `table`, in table order; empty when it does not
+    /// exist.
+    pub async fn shape_of(&self, table: &str) -> Vec<(String, String)> {
+        let sql = match self.backend() {
+            DbBackend::Postgres => format!(
+                "SELECT column_name::text AS name, data_type::text AS type FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = '{table}' ORDER BY ordinal_position"
+            ),
+            DbBackend::MySql => format!(
+                "SELECT CAST(column_name AS CHAR) AS name, CAST(column_type AS CHAR) AS type \
+                 FROM information_schema.columns WHERE table_schema = DATABASE() \
+                 AND table_name = '{table}' ORDER BY ordinal_position"
+            ),
+            DbBackend::Sqlite => {
+                format!("SELECT name, type FROM pragma_table_info('{table}') ORDER BY cid")
+            }
+        };
+        self.database
+            .db()
+            .query_all(Statement::from_string(self.backend(), sql))
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| {
+                (
+                    row.try_get("", "name").unwrap(),
+                    row.try_get("", "type").unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// Names of `table`'s columns, in table order; empty when it does not exist.
+    pub async fn columns_of(&self, table: &str) -> Vec<String> {
+        self.shape_of(table)
+            .await
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// Drops the table, its companions and the test database's own table.
+    pub async fn finish(self) {
+        self.database.drop_outbox(&self.table).await;
+        self.database.drop_table().await;
+    }
+}
