@@ -8,9 +8,9 @@ use outbox_core::{
     ClaimRequest, InsertFeed, MarkBatch, Ordering, OutboxRecord, OutboxStore, PurgeTarget,
 };
 use outbox_store::{ColumnName, Columns, Error, SeaOrmStore};
-use outbox_tests::producer_table::ProducerTable as Fixture;
+use outbox_tests::producer_table::{uuid, ProducerTable as Fixture};
 use outbox_tests::{per_backend, Backend, TestDatabase};
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use sea_orm::DbBackend;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -107,33 +107,6 @@ async fn insert_debezium(fixture: &Fixture, id: &str, key: &str, payload: &str) 
         .await;
 }
 
-/// The payload bytes as the database gives them back (jsonb: its text form).
-async fn payload_of(fixture: &Fixture, id: &str) -> Vec<u8> {
-    let expr = match fixture.backend() {
-        DbBackend::Postgres => "convert_to(payload::text, 'UTF8')",
-        DbBackend::MySql | DbBackend::Sqlite => "payload",
-    };
-    let sql = format!(
-        "SELECT {expr} AS p FROM {} WHERE id = '{id}'",
-        fixture.table
-    );
-    let row = fixture
-        .database
-        .db()
-        .query_one(Statement::from_string(fixture.backend(), sql))
-        .await
-        .unwrap()
-        .expect("the row exists");
-    row.try_get("", "p").unwrap()
-}
-
-fn uuid(n: u8, fill: char) -> String {
-    format!(
-        "{}-0000-4000-8000-0000000000{n:02}",
-        fill.to_string().repeat(8)
-    )
-}
-
 async fn relays_a_debezium_table_in_place(backend: Backend) {
     let fixture = Fixture::new(backend, "cols").await;
     create_debezium(&fixture).await;
@@ -181,7 +154,7 @@ async fn relays_a_debezium_table_in_place(backend: Backend) {
     for record in &claimed {
         assert_eq!(
             record.envelope,
-            payload_of(&fixture, &record.event_id).await,
+            fixture.payload_of(&record.event_id).await,
             "{}: payload bytes",
             record.event_id
         );

@@ -5,13 +5,13 @@
 
 use outbox_cli::settings::{ColumnsSettings, OutboxColumnsSettings, OutboxSettings, Settings};
 use outbox_store::{insert_events, NewEvent, OutboxRow, TableName};
-use outbox_tests::producer_table::ProducerTable as Fixture;
+use outbox_tests::producer_table::{uuid, ProducerTable as Fixture};
 use outbox_tests::{
     assert_every_event_delivered, eventually, own_room_events, per_backend, run_binary, seed,
     test_settings, unique_name, Backend, Received, RelayProcess, SettingsFile, TestBroker,
     TestDatabase, TestEvent,
 };
-use sea_orm::{ConnectionTrait, DbBackend, FromQueryResult, Statement};
+use sea_orm::{DbBackend, FromQueryResult, Statement};
 use std::collections::{BTreeMap, HashSet};
 use std::process::Output;
 use std::time::Duration;
@@ -90,13 +90,6 @@ fn ids_per_key(received: &[Received], key_header: &str) -> BTreeMap<String, Vec<
     keys
 }
 
-fn uuid(n: u8, fill: char) -> String {
-    format!(
-        "{}-0000-4000-8000-0000000000{n:02}",
-        fill.to_string().repeat(8)
-    )
-}
-
 /// A row of the Debezium-shaped table: event id, key, type, payload as inserted.
 struct DebeziumRow {
     id: String,
@@ -129,27 +122,6 @@ async fn insert_debezium(fixture: &Fixture, row: &DebeziumRow) {
             row.id, row.key, row.kind
         ))
         .await;
-}
-
-/// The payload of `id` as the database gives it back (jsonb: the text PostgreSQL prints).
-async fn payload_of(fixture: &Fixture, id: &str) -> Vec<u8> {
-    let expr = match fixture.backend() {
-        DbBackend::Postgres => "convert_to(payload::text, 'UTF8')",
-        DbBackend::MySql | DbBackend::Sqlite => "payload",
-    };
-    let sql = format!(
-        "SELECT {expr} AS p FROM {} WHERE id = '{id}'",
-        fixture.table
-    );
-    fixture
-        .database
-        .db()
-        .query_one(Statement::from_string(fixture.backend(), sql))
-        .await
-        .unwrap()
-        .expect("the row exists")
-        .try_get("", "p")
-        .unwrap()
 }
 
 async fn dry_run_migrate_and_run_relay_a_debezium_table(backend: Backend) {
@@ -289,7 +261,7 @@ async fn dry_run_migrate_and_run_relay_a_debezium_table(backend: Backend) {
             .unwrap();
         assert_eq!(
             message.body,
-            payload_of(&fixture, &row.id).await,
+            fixture.payload_of(&row.id).await,
             "{}: body",
             row.id
         );
@@ -320,7 +292,7 @@ async fn dry_run_migrate_and_run_relay_a_debezium_table(backend: Backend) {
     } else {
         assert_eq!(
             rows[0].payload.as_bytes(),
-            payload_of(&fixture, &rows[0].id).await,
+            fixture.payload_of(&rows[0].id).await,
             "stored as written"
         );
     }

@@ -92,9 +92,35 @@ impl ProducerTable {
             .collect()
     }
 
+    /// The payload column of the row whose `id` is `id`, as the database gives it back
+    /// (PostgreSQL `jsonb`: the text it prints).
+    pub async fn payload_of(&self, id: &str) -> Vec<u8> {
+        let expr = match self.backend() {
+            DbBackend::Postgres => "convert_to(payload::text, 'UTF8')",
+            DbBackend::MySql | DbBackend::Sqlite => "payload",
+        };
+        let sql = format!("SELECT {expr} AS p FROM {} WHERE id = '{id}'", self.table);
+        self.database
+            .db()
+            .query_one(Statement::from_string(self.backend(), sql))
+            .await
+            .unwrap()
+            .expect("the row exists")
+            .try_get("", "p")
+            .unwrap()
+    }
+
     /// Drops the table, its companions and the test database's own table.
     pub async fn finish(self) {
         self.database.drop_outbox(&self.table).await;
         self.database.drop_table().await;
     }
+}
+
+/// A UUID-shaped event id: `n` in the last group, `fill` repeated in the first.
+pub fn uuid(n: u8, fill: char) -> String {
+    format!(
+        "{}-0000-4000-8000-0000000000{n:02}",
+        fill.to_string().repeat(8)
+    )
 }
