@@ -102,6 +102,9 @@ pub async fn check_columns(outbox: &str, store: &mut SeaOrmStore) -> anyhow::Res
             ))
             .into())
         }
+        Err(error @ outbox_store::Error::Unreadable { .. }) => {
+            Err(ConfigProblem(format!("outbox {outbox}: {error}")).into())
+        }
         Err(error) => Err(anyhow::Error::new(error).context(format!("outbox {outbox}"))),
     }
 }

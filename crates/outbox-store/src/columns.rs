@@ -6,7 +6,7 @@
 //! The relay's bookkeeping columns (`status`, `retry_count`, `last_error`, `available_at`,
 //! `locked_by`, `locked_until`, `published_at`) keep their names: `migrate` adds them.
 
-use crate::sql::TableName;
+use crate::sql::{is_plain_identifier, TableName};
 use std::fmt;
 use thiserror::Error;
 
@@ -21,25 +21,21 @@ pub const BOOKKEEPING: [&str; 7] = [
     "published_at",
 ];
 
-/// A validated column name, safe to splice into SQL: `[a-z_][a-z0-9_]{0,62}`, so no
-/// quoting is needed on any backend (PostgreSQL folds unquoted names to lowercase).
+/// A validated column name, safe to splice into SQL: `[a-z_][a-z0-9_]{0,62}` and no reserved
+/// word, so no quoting is needed on any backend (PostgreSQL folds unquoted names to
+/// lowercase).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ColumnName(String);
 
 /// Why a column name was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("invalid column name {0:?}: use 1 to 63 lowercase letters, digits and '_', starting with a letter or '_'")]
+#[error("invalid column name {0:?}: use 1 to 63 lowercase letters, digits and '_', starting with a letter or '_', and no SQL reserved word (such as key or order)")]
 pub struct ColumnNameError(pub String);
 
 impl ColumnName {
     /// Accepts `[a-z_][a-z0-9_]{0,62}`.
     pub fn parse(name: &str) -> Result<Self, ColumnNameError> {
-        let mut chars = name.chars();
-        let first_ok = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-        let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-        if first_ok && rest_ok && name.len() <= 63 {
+        if is_plain_identifier(name, 63) {
             Ok(Self(name.to_owned()))
         } else {
             Err(ColumnNameError(name.to_owned()))

@@ -39,6 +39,15 @@ pub enum Error {
         /// The bookkeeping columns it lacks.
         missing: Vec<&'static str>,
     },
+    /// The mapped columns fit the catalogue but a statement that reads them fails (a
+    /// column named by a reserved word, such as MySQL's `key`).
+    #[error("table {table}: the mapped columns cannot be read ({reason}); a column named by a reserved word cannot be mapped")]
+    Unreadable {
+        /// The table.
+        table: TableName,
+        /// The database's message.
+        reason: String,
+    },
     /// The column mapping does not fit the table: every problem found.
     #[error("table {table}: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Mapping {

@@ -46,13 +46,7 @@ impl SeaOrmStore {
         let p = &self.reads().position;
         let dialect = Dialect::Postgres;
         let mut params = Params::new(dialect);
-        let expired = expired(
-            &mut params,
-            target,
-            older_than,
-            dialect,
-            &self.reads().created_at,
-        );
+        let expired = self.expired(&mut params, target, older_than);
         let limit = params.bind(limit);
         let lock = dialect.skip_locked();
         let sql = format!(
@@ -83,13 +77,7 @@ impl SeaOrmStore {
         let p = &self.reads().position;
         let dialect = Dialect::Sqlite;
         let mut params = Params::new(dialect);
-        let expired = expired(
-            &mut params,
-            target,
-            older_than,
-            dialect,
-            &self.reads().created_at,
-        );
+        let expired = self.expired(&mut params, target, older_than);
         let limit = params.bind(limit);
         let hint = dialect.index_hint(t, Index::Retention);
         let sql = format!(
@@ -116,13 +104,7 @@ impl SeaOrmStore {
         let p = &self.reads().position;
         let dialect = Dialect::MySql;
         let mut params = Params::new(dialect);
-        let expired_rows = expired(
-            &mut params,
-            target,
-            older_than,
-            dialect,
-            &self.reads().created_at,
-        );
+        let expired_rows = self.expired(&mut params, target, older_than);
         let limit = params.bind(limit);
         let rows = self
             .connection()
@@ -140,13 +122,7 @@ impl SeaOrmStore {
             .collect::<Result<Vec<_>, _>>()?;
         let mut params = Params::new(dialect);
         let ids = params.bind_ids(&ids);
-        let expired_rows = expired(
-            &mut params,
-            target,
-            older_than,
-            dialect,
-            &self.reads().created_at,
-        );
+        let expired_rows = self.expired(&mut params, target, older_than);
         Ok(self
             .connection()
             .execute(params.statement(format!(
@@ -154,6 +130,24 @@ impl SeaOrmStore {
             )))
             .await?
             .rows_affected())
+    }
+}
+
+impl SeaOrmStore {
+    /// [`expired`] for this store's backend and creation-time column.
+    fn expired(
+        &self,
+        params: &mut Params,
+        target: PurgeTarget,
+        older_than: DateTime<Utc>,
+    ) -> String {
+        expired(
+            params,
+            target,
+            older_than,
+            self.dialect(),
+            &self.reads().created_at,
+        )
     }
 }
 

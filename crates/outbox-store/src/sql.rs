@@ -11,19 +11,14 @@ pub struct TableName(String);
 
 /// Why a `database.table` value was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("invalid table name {0:?}: use 1 to 48 lowercase letters, digits and '_', starting with a letter or '_'")]
+#[error("invalid table name {0:?}: use 1 to 48 lowercase letters, digits and '_', starting with a letter or '_', and no SQL reserved word (such as order or user)")]
 pub struct TableNameError(pub String);
 
 impl TableName {
     /// Accepts `[a-z_][a-z0-9_]{0,47}`: no quoting needed on any backend, and room for
     /// index-name suffixes within the 63/64-character identifier limits.
     pub fn parse(name: &str) -> Result<Self, TableNameError> {
-        let mut chars = name.chars();
-        let first_ok = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-        let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-        if first_ok && rest_ok && name.len() <= 48 {
+        if is_plain_identifier(name, 48) {
             Ok(Self(name.to_owned()))
         } else {
             Err(TableNameError(name.to_owned()))
@@ -35,6 +30,125 @@ impl TableName {
         &self.0
     }
 }
+
+/// `[a-z_][a-z0-9_]*` of at most `max_len` characters, and no reserved word: a name that
+/// needs no quoting on any backend (PostgreSQL folds unquoted names to lowercase).
+pub(crate) fn is_plain_identifier(name: &str, max_len: usize) -> bool {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    first_ok && rest_ok && name.len() <= max_len && !RESERVED.contains(&name)
+}
+
+/// Words PostgreSQL, MySQL/MariaDB or SQLite reserve that could pass for a table or
+/// column name: unquoted, each breaks a statement on at least one backend (`key` on
+/// MySQL, `user` on PostgreSQL), so they are refused by name at start.
+const RESERVED: &[&str] = &[
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "between",
+    "both",
+    "by",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "column",
+    "condition",
+    "constraint",
+    "create",
+    "cross",
+    "current_date",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "default",
+    "delete",
+    "desc",
+    "describe",
+    "distinct",
+    "div",
+    "drop",
+    "else",
+    "end",
+    "except",
+    "exists",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "from",
+    "full",
+    "grant",
+    "group",
+    "having",
+    "if",
+    "in",
+    "index",
+    "inner",
+    "insert",
+    "interval",
+    "into",
+    "is",
+    "join",
+    "key",
+    "keys",
+    "leading",
+    "left",
+    "like",
+    "limit",
+    "lock",
+    "match",
+    "mod",
+    "natural",
+    "not",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "outer",
+    "primary",
+    "range",
+    "rank",
+    "read",
+    "references",
+    "regexp",
+    "rename",
+    "replace",
+    "right",
+    "row",
+    "rows",
+    "select",
+    "set",
+    "show",
+    "table",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "update",
+    "usage",
+    "user",
+    "using",
+    "values",
+    "when",
+    "where",
+    "window",
+    "with",
+    "write",
+];
 
 impl fmt::Display for TableName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -111,6 +225,7 @@ mod tests {
             "2outbox",
             "room-outbox",
             "x; drop table y",
+            "order",
             &"a".repeat(49),
         ] {
             assert!(TableName::parse(bad).is_err(), "{bad:?} accepted");

@@ -103,6 +103,17 @@ impl SeaOrmStore {
             .collect();
         match reads {
             Ok(reads) if unmigrated.is_empty() => {
+                // One statement that reads every mapped column as a claim does, and no
+                // row: what the catalogue cannot tell (a column named by a reserved word,
+                // a cast the database refuses) fails here, at start, not at the first claim.
+                let t = &self.table;
+                let probe = format!("SELECT {} FROM {t} WHERE 1 = 0", reads.claimed_columns());
+                if let Err(error) = self.db.execute_unprepared(&probe).await {
+                    return Err(Error::Unreadable {
+                        table: t.clone(),
+                        reason: error.to_string(),
+                    });
+                }
                 self.reads = reads;
                 Ok(())
             }
