@@ -7,11 +7,15 @@ use std::time::Duration;
 /// Default settings file.
 pub const DEFAULT_CONFIG: &str = "config/default.toml";
 
+/// The environment variable naming the settings file when `--config` is not given.
+pub const CONFIG_ENV: &str = "OUTBOX_RELAY_CONFIG";
+
 /// The end of the top-level `--help`: where settings come from, exit codes, an example.
 const AFTER_HELP: &str = "\
 Settings, each layer overriding the one before:
   1. built-in defaults;
-  2. the TOML file given by --config (default config/default.toml, skipped when absent);
+  2. the TOML file given by --config, else by OUTBOX_RELAY_CONFIG (default
+     config/default.toml, skipped when absent);
   3. environment variables OUTBOX_RELAY__SECTION__KEY, e.g. OUTBOX_RELAY__AMQP__URL or
      OUTBOX_RELAY__DATABASE__PASSWORD.
 Every key is listed in README.md (\"Settings\"); `outbox-relay check-config` prints the
@@ -33,8 +37,9 @@ Example:
 #[command(name = "outbox-relay", version, after_help = AFTER_HELP)]
 pub struct Cli {
     /// Settings file (TOML) [default: config/default.toml; built-in defaults when that file
-    /// is absent]. Environment variables OUTBOX_RELAY__SECTION__KEY override it.
-    #[arg(long, global = true, value_name = "PATH")]
+    /// is absent]. OUTBOX_RELAY_CONFIG gives it when --config does not; a file named
+    /// either way must exist. Environment variables OUTBOX_RELAY__SECTION__KEY override it.
+    #[arg(long, global = true, value_name = "PATH", env = CONFIG_ENV)]
     pub config: Option<PathBuf>,
 
     /// What to do.
@@ -87,7 +92,7 @@ pub enum Command {
     ///
     /// What `relay.retention` makes a running relay do continuously. Rows go in batches of
     /// 1,000 (one short DELETE each), so it is safe while relays run. Pending rows are
-    /// never deleted; dead rows only with --dead.
+    /// never deleted; dead rows only with --dead. --dry-run counts instead of deleting.
     Purge(PurgeArgs),
 }
 
@@ -105,6 +110,14 @@ pub struct PurgeArgs {
     /// Only this outbox (its name; default: every outbox).
     #[arg(long, value_name = "NAME")]
     pub outbox: Option<String>,
+    /// Count the rows that would go and print that; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print one JSON object instead of lines: dry_run, older_than (the bound, RFC 3339),
+    /// published and, with --dead, dead (rows deleted, or that would be), and "outboxes"
+    /// with those counts per outbox name.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `migrate` options.
@@ -269,6 +282,23 @@ mod tests {
             };
             assert_eq!(outbox.as_deref(), Some("orders"), "{args:?}");
         }
+    }
+
+    #[test]
+    fn purge_takes_dry_run_and_json() {
+        let cli = Cli::try_parse_from([
+            "outbox-relay",
+            "purge",
+            "--older-than",
+            "1h",
+            "--dry-run",
+            "--json",
+        ])
+        .expect("parses");
+        let Command::Purge(args) = cli.command else {
+            panic!("not purge: {:?}", cli.command);
+        };
+        assert!(args.dry_run && args.json && !args.dead);
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod signals;
 pub mod startup;
 pub mod telemetry;
 
-use clap::Parser;
+use clap::{CommandFactory as _, FromArgMatches as _};
 use cli::Cli;
 use settings::Settings;
 use std::path::PathBuf;
@@ -31,14 +31,37 @@ pub const EXIT_CONFIG: u8 = 2;
 /// Exit code of a runtime failure.
 pub const EXIT_FAILURE: u8 = 1;
 
-/// Parses the command line, loads and validates the settings, installs telemetry and runs
+/// Parses the command line (`--config`, else `OUTBOX_RELAY_CONFIG`), loads and validates the settings, installs telemetry and runs
 /// the command on an actix system. Returns the process exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // An empty OUTBOX_RELAY_CONFIG would reach clap as an empty --config, and clap's
+    // message would not name the variable.
+    if std::env::var_os(cli::CONFIG_ENV).is_some_and(|value| value.is_empty()) {
+        eprintln!(
+            "error: invalid configuration: {} is set but empty; name a settings file or unset it",
+            cli::CONFIG_ENV
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let matches = Cli::command().get_matches();
+    let from_env =
+        matches.value_source("config") == Some(clap::parser::ValueSource::EnvVariable);
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
     let (path, required) = match &cli.config {
         Some(path) => (path.clone(), true),
         None => (PathBuf::from(cli::DEFAULT_CONFIG), false),
     };
+    if from_env && !path.exists() {
+        eprintln!(
+            "error: invalid configuration: config file {} (from {}) does not exist",
+            path.display(),
+            cli::CONFIG_ENV
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let config = match Settings::load(&path, required)
         .map_err(|error| vec![error])
         .and_then(Settings::validate)

@@ -2,10 +2,12 @@
 
 use crate::secrets::Secrets;
 use crate::settings::{LogConfig, LogFormat};
+use std::io::IsTerminal as _;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber (once per process; later calls are ignored). Every line
-/// passes through [`Secrets::scrub`] on its way to stderr.
+/// passes through [`Secrets::scrub`] on its way to stderr. The pretty format is coloured
+/// only when stderr is a terminal (see [`colours`]).
 pub fn init(log: &LogConfig, secrets: &Secrets) {
     let mut filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&log.level))
@@ -31,9 +33,34 @@ pub fn init(log: &LogConfig, secrets: &Secrets) {
     let secrets = secrets.clone();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colours(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_writer(move || secrets.writer(std::io::stderr()));
     let _ = match log.format {
         LogFormat::Pretty => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+}
+
+/// Whether log lines get colour codes: only on a terminal, and not when `NO_COLOR` is set
+/// to anything but the empty string (<https://no-color.org>). A file, a pipe or journald
+/// gets plain text.
+pub fn colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colours;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        assert!(colours(true, None));
+        assert!(colours(true, Some(OsStr::new(""))), "an empty NO_COLOR is unset");
+        assert!(!colours(true, Some(OsStr::new("1"))));
+        assert!(!colours(false, None), "a file, a pipe, journald");
+    }
 }

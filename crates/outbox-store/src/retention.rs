@@ -8,6 +8,7 @@
 //! entries however large the table is.
 
 use crate::dialect::{Dialect, Params, PIN_INDEX_PLAN};
+use crate::error::Error;
 use crate::sql::{Index, Literal};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
@@ -32,6 +33,31 @@ impl SeaOrmStore {
             Dialect::Sqlite => self.purge_sqlite(target, older_than, limit).await,
             Dialect::MySql => self.purge_mysql(target, older_than, limit).await,
         }
+    }
+
+    /// How many rows of `target` are older than `older_than`: what purges with that bound
+    /// would delete now (`outbox-relay purge --dry-run`). One `COUNT(*)` over the same
+    /// condition, a range of the `(status, published_at)` index for published rows; it
+    /// takes no locks and changes nothing.
+    pub async fn count_purgeable(
+        &self,
+        target: PurgeTarget,
+        older_than: DateTime<Utc>,
+    ) -> Result<u64, Error> {
+        let t = self.table();
+        let mut params = Params::new(self.dialect());
+        let expired = self.expired(&mut params, target, older_than);
+        let row = self
+            .connection()
+            .query_one(params.statement(format!(
+                "SELECT COUNT(*) AS n FROM {t} WHERE {expired}"
+            )))
+            .await?;
+        let count = match row {
+            Some(row) => row.try_get::<i64>("", "n").map_err(Error::from)?,
+            None => 0,
+        };
+        Ok(u64::try_from(count).unwrap_or(0))
     }
 
     /// `DELETE … WHERE id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)`: several nodes'
