@@ -45,6 +45,7 @@ fn top_level_help_lists_the_commands_where_settings_come_from_and_the_exit_codes
         "publishes the rows of a transactional outbox table to RabbitMQ",
         "config/default.toml",
         "OUTBOX_RELAY__SECTION__KEY",
+        "OUTBOX_RELAY_CONFIG",
         "Exit codes",
         "2  bad configuration or usage",
         "Example",
@@ -66,7 +67,10 @@ fn every_command_help_succeeds_and_explains_its_flags() {
             &["--json", "--limit", "--room", "--event-type"],
         ),
         (&["dead", "requeue"], &["--event-id", "--room", "--all"]),
-        (&["purge"], &["--older-than", "--dead"]),
+        (
+            &["purge"],
+            &["--older-than", "--dead", "--dry-run", "--json"],
+        ),
         (&["demo"], &["--events", "--rooms", "--prefill"]),
     ];
     for (command, mentions) in commands {

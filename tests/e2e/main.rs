@@ -3,6 +3,9 @@
 
 /// `--help` and `--version`.
 mod cli;
+/// `OUTBOX_RELAY_CONFIG`, plain logs off a terminal, `purge --dry-run` and `--json`, the
+/// Containerfile's OCI labels.
+mod conveniences;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
 /// migrated in place, `plan` as a dry run, `check_columns`' errors.
 mod columns;
