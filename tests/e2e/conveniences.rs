@@ -5,8 +5,7 @@
 
 use outbox_cli::settings::Settings;
 use outbox_tests::{
-    own_room_events as events, per_backend, seed, unique_name, Backend, SettingsFile,
-    TestDatabase,
+    own_room_events as events, per_backend, seed, unique_name, Backend, SettingsFile, TestDatabase,
 };
 use std::process::{Command, Output};
 
@@ -181,10 +180,24 @@ async fn purge_dry_run_counts_and_deletes_nothing(backend: Backend) {
         stdout.contains("would purge 30 published row(s) confirmed more than 1h ago"),
         "prints the count: {stdout}"
     );
-    assert!(!stdout.contains("dead"), "dead rows only with --dead: {stdout}");
-    assert_eq!(left(&database).await, all_rows(), "--dry-run deletes nothing");
+    assert!(
+        !stdout.contains("dead"),
+        "dead rows only with --dead: {stdout}"
+    );
+    assert_eq!(
+        left(&database).await,
+        all_rows(),
+        "--dry-run deletes nothing"
+    );
 
-    let stdout = purge(&["purge", "--older-than", "1h", "--dead", "--dry-run", "--json"]);
+    let stdout = purge(&[
+        "purge",
+        "--older-than",
+        "1h",
+        "--dead",
+        "--dry-run",
+        "--json",
+    ]);
     let json: serde_json::Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|error| panic!("one JSON object: {error}: {stdout}"));
     assert_eq!(json["dry_run"], true, "{json}");
@@ -193,7 +206,11 @@ async fn purge_dry_run_counts_and_deletes_nothing(backend: Backend) {
     let name = database.table.as_str();
     assert_eq!(json["outboxes"][name]["published"], 30, "{json}");
     assert!(json["older_than"].is_string(), "{json}");
-    assert_eq!(left(&database).await, all_rows(), "--dry-run deletes nothing");
+    assert_eq!(
+        left(&database).await,
+        all_rows(),
+        "--dry-run deletes nothing"
+    );
 
     // The real purge deletes what the dry run counted, and reports it in the same shape.
     let stdout = purge(&["purge", "--older-than", "1h", "--dead", "--json"]);

@@ -3,12 +3,12 @@
 
 /// `--help` and `--version`.
 mod cli;
-/// `OUTBOX_RELAY_CONFIG`, plain logs off a terminal, `purge --dry-run` and `--json`, the
-/// Containerfile's OCI labels.
-mod conveniences;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
 /// migrated in place, `plan` as a dry run, `check_columns`' errors.
 mod columns;
+/// `OUTBOX_RELAY_CONFIG`, plain logs off a terminal, `purge --dry-run` and `--json`, the
+/// Containerfile's OCI labels.
+mod conveniences;
 /// Every event once, byte for byte, with the contract's properties, in room order.
 mod delivery;
 /// Unroutable events, hold-back per room, retries and dead events.

@@ -44,8 +44,7 @@ pub fn main() -> ExitCode {
         return ExitCode::from(EXIT_CONFIG);
     }
     let matches = Cli::command().get_matches();
-    let from_env =
-        matches.value_source("config") == Some(clap::parser::ValueSource::EnvVariable);
+    let from_env = matches.value_source("config") == Some(clap::parser::ValueSource::EnvVariable);
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(error) => error.exit(),

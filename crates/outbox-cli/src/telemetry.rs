@@ -59,7 +59,10 @@ mod tests {
     #[test]
     fn colours_only_on_a_terminal_without_no_color() {
         assert!(colours(true, None));
-        assert!(colours(true, Some(OsStr::new(""))), "an empty NO_COLOR is unset");
+        assert!(
+            colours(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
         assert!(!colours(true, Some(OsStr::new("1"))));
         assert!(!colours(false, None), "a file, a pipe, journald");
     }

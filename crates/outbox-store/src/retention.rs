@@ -49,9 +49,7 @@ impl SeaOrmStore {
         let expired = self.expired(&mut params, target, older_than);
         let row = self
             .connection()
-            .query_one(params.statement(format!(
-                "SELECT COUNT(*) AS n FROM {t} WHERE {expired}"
-            )))
+            .query_one(params.statement(format!("SELECT COUNT(*) AS n FROM {t} WHERE {expired}")))
             .await?;
         let count = match row {
             Some(row) => row.try_get::<i64>("", "n").map_err(Error::from)?,

@@ -141,7 +141,11 @@ mod tests {
         assert_eq!(value["outboxes"]["b"]["published"], 4);
         assert_eq!(value["outboxes"]["a"]["dead"], 1);
 
-        let value = as_json(false, None, &[("a".to_owned(), vec![("published", 0)])].to_vec());
+        let value = as_json(
+            false,
+            None,
+            &[("a".to_owned(), vec![("published", 0)])].to_vec(),
+        );
         assert_eq!(value["dry_run"], false);
         assert!(value["older_than"].is_null());
         assert_eq!(value["published"], 0);
