@@ -26,6 +26,27 @@ fn total(text: &str, name: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
+/// The value of the one sample of `name` whose labels include `label` (`key="value"`), or
+/// `None` when there is none.
+fn sample(text: &str, name: &str, label: &str) -> Option<f64> {
+    let mut values = text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, labels) = series.split_once('{')?;
+            let labels = labels.strip_suffix('}')?;
+            (metric == name && labels.split(',').any(|pair| pair == label))
+                .then(|| value.parse::<f64>().ok())?
+        });
+    let value = values.next();
+    assert!(
+        values.next().is_none(),
+        "{name}{{{label}}}: one sample:\n{text}"
+    );
+    value
+}
+
 /// The TCP ports on which process `pid` listens (IPv4 and IPv6): its socket inodes,
 /// matched against the kernel's tables of listening sockets (state 0A).
 fn listening_ports(pid: u32) -> Vec<u16> {
@@ -154,6 +175,47 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
     )
     .await;
 
+    // The process's own series, for alerts that need no external probe.
+    let text = get(address, "/metrics").await.1;
+    assert_eq!(
+        sample(
+            &text,
+            "outbox_relay_build_info",
+            &format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))
+        ),
+        Some(1.0),
+        "the build's version:\n{text}"
+    );
+    for dependency in ["database", "broker"] {
+        assert_eq!(
+            sample(&text, "outbox_up", &format!("dependency=\"{dependency}\"")),
+            Some(1.0),
+            "{dependency} up while relaying:\n{text}"
+        );
+    }
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let start_time = total(&text, "process_start_time_seconds");
+    assert!(
+        start_time.is_some_and(|at| at <= started && at > started - 600.0),
+        "started during this test, in seconds since the epoch:\n{text}"
+    );
+    for (series, at_least) in [
+        ("process_resident_memory_bytes", 1_000_000.0),
+        // The listener, the database pool, the broker connection at least.
+        ("process_open_fds", 3.0),
+        // Counts whole seconds: 1,000 events may take less than one.
+        ("process_cpu_seconds_total", 0.0),
+        ("process_threads", 2.0),
+    ] {
+        assert!(
+            total(&text, series).is_some_and(|value| value >= at_least),
+            "{series} at least {at_least}:\n{text}"
+        );
+    }
+
     // Serving metrics does not slow the shutdown down (publish_timeout + 2 s).
     relay.stop(Duration::from_secs(5)).await;
     app.teardown().await;
@@ -167,12 +229,24 @@ enum Link {
 }
 
 /// Runs the binary with `link` through a fault proxy, cuts the link and restores it:
-/// `/readyz` must follow, naming that side only, while `/healthz` stays 200.
+/// `/readyz` must follow, naming that side only, while `/healthz` stays 200; and so must
+/// `outbox_up{dependency}`, for alerts without a probe of `/readyz`.
 async fn readyz_follows(link: Link) {
-    let (target, problem) = match link {
-        Link::Broker => (5672, "not ready: broker unreachable\n"),
-        Link::Database => (5432, "not ready: database unreachable\n"),
+    let (target, problem, cut, kept) = match link {
+        Link::Broker => (
+            5672,
+            "not ready: broker unreachable\n",
+            "dependency=\"broker\"",
+            "dependency=\"database\"",
+        ),
+        Link::Database => (
+            5432,
+            "not ready: database unreachable\n",
+            "dependency=\"database\"",
+            "dependency=\"broker\"",
+        ),
     };
+
     let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], target))).await;
     let app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
@@ -192,10 +266,15 @@ async fn readyz_follows(link: Link) {
     let database = &app.database;
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
     let address = relay.metrics_address().await;
+    let up = |label: &'static str| async move {
+        sample(&get(address, "/metrics").await.1, "outbox_up", label)
+    };
     eventually("ready after start", Duration::from_secs(30), || async {
         get(address, "/readyz").await == (200, "ready\n".into())
     })
     .await;
+    assert_eq!(up(cut).await, Some(1.0), "ready: {cut} up");
+    assert_eq!(up(kept).await, Some(1.0), "ready: {kept} up");
 
     proxy.go_down();
     let answer = RefCell::new((0, String::new()));
@@ -220,6 +299,9 @@ async fn readyz_follows(link: Link) {
         200,
         "alive all the same: nothing to restart"
     );
+    // The same flag: 0 as soon as /readyz says so, the other side still 1.
+    assert_eq!(up(cut).await, Some(0.0), "{cut} down with the link cut");
+    assert_eq!(up(kept).await, Some(1.0), "{kept} untouched by the cut");
 
     proxy.restore();
     eventually(
@@ -228,6 +310,7 @@ async fn readyz_follows(link: Link) {
         || async { get(address, "/readyz").await == (200, "ready\n".into()) },
     )
     .await;
+    assert_eq!(up(cut).await, Some(1.0), "{cut} up again");
     // Ready means usable: events inserted now are delivered.
     seed(database, &room_events("ready", 20, 4)).await;
     database.wait_all_published(Duration::from_secs(60)).await;

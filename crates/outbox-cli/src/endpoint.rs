@@ -1,7 +1,9 @@
 //! The metrics and health endpoint of `outbox-relay run`, on `metrics.listen`
 //! (`docs/design.md#logs-metrics-and-health`):
 //!
-//! - `GET /metrics`: every metric in the Prometheus text format, labelled `node_id`.
+//! - `GET /metrics`: every metric in the Prometheus text format, labelled `node_id`: the
+//!   relay's, `outbox_up{dependency}` (the flags `/readyz` reads), `outbox_relay_build_info`
+//!   and the standard `process_*` series (sampled from /proc at each scrape).
 //! - `GET /healthz`: 200 while the process runs (it answers, so it is alive).
 //! - `GET /readyz`: 200 while every outbox's database and the broker are usable, else 503
 //!   with a line saying which is not.
@@ -59,6 +61,9 @@ const BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
 ];
 
+/// The `dependency` labels of `outbox_up`, in the order of [`Health`]'s flags.
+const DEPENDENCIES: [&str; 2] = ["database", "broker"];
+
 /// What `/readyz` reports, written by the probe and read by requests.
 #[derive(Debug, Default)]
 struct Health {
@@ -91,6 +96,8 @@ impl Health {
 struct Served {
     prometheus: PrometheusHandle,
     health: Arc<Health>,
+    /// Samples the `process_*` series just before each render.
+    process: metrics_process::Collector,
 }
 
 /// The running endpoint: the HTTP server, its recorder, and what its probe found.
@@ -113,6 +120,13 @@ impl Endpoint {
             .install_recorder()
             .context("cannot install the metrics recorder")?;
         instruments::describe();
+        let process = metrics_process::Collector::default();
+        process.describe();
+        metrics::gauge!(instruments::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+        // Present from the first scrape: unusable until the probe has found otherwise.
+        for dependency in DEPENDENCIES {
+            metrics::gauge!(instruments::UP, "dependency" => dependency).set(0.0);
+        }
         let listener = std::net::TcpListener::bind(listen)
             .with_context(|| format!("cannot listen on {listen} (metrics.listen)"))?;
         let address = listener.local_addr()?;
@@ -120,6 +134,7 @@ impl Endpoint {
         let served = web::Data::new(Served {
             prometheus: prometheus.clone(),
             health: Arc::clone(&health),
+            process,
         });
         let server = HttpServer::new(move || {
             App::new()
@@ -179,12 +194,16 @@ impl Endpoint {
                 )
             })
             .collect();
+        let [database_up, broker_up] = DEPENDENCIES
+            .map(|dependency| metrics::gauge!(instruments::UP, "dependency" => dependency));
         let mut backlog_due = Instant::now();
         // Readiness as last logged: a change is logged once (the links log the details of
         // their own losses and recoveries).
         let mut logged = Some(String::from("starting"));
         loop {
             let usable = broker.probe().await;
+            // The gauge first: whoever saw /readyz change finds it changed too.
+            broker_up.set(f64::from(u8::from(usable)));
             self.health.broker.store(usable, Ordering::Relaxed);
             if Instant::now() >= backlog_due {
                 let mut usable = true;
@@ -198,6 +217,7 @@ impl Endpoint {
                         Ok(Err(_)) | Err(_) => usable = false,
                     }
                 }
+                database_up.set(f64::from(u8::from(usable)));
                 self.health.database.store(usable, Ordering::Relaxed);
                 backlog_due = Instant::now() + if usable { BACKLOG_EVERY } else { PROBE_EVERY };
             }
@@ -244,6 +264,8 @@ fn recorder(node_id: &str) -> anyhow::Result<PrometheusBuilder> {
 }
 
 async fn metrics(served: web::Data<Served>) -> HttpResponse {
+    // A few reads of /proc/self, on the endpoint's own thread.
+    served.process.collect();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(served.prometheus.render())
