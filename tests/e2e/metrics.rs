@@ -3,8 +3,8 @@
 
 use outbox_core::OutboxStore;
 use outbox_tests::{
-    eventually, http_get as get, room_events, seed, Backend, FaultProxy, RelayProcess, TestApp,
-    TestDatabase,
+    event, eventually, http_get as get, room_events, seed, Backend, FaultProxy, RelayProcess,
+    TestApp, TestDatabase,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -394,4 +394,140 @@ async fn the_backlog_counts_pending_rows_only_on_every_backend() {
         );
         database.drop_table().await;
     }
+}
+
+/// Log lines (JSON) whose message is `message`.
+fn lines_saying(log: &str, message: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["message"] == message)
+        .collect()
+}
+
+/// With `relay.max_pending_age = "3s"`: a delayed event (`available_at` an hour ahead)
+/// ages past the bound, which the relay logs once, shows in
+/// `outbox_max_pending_age_exceeded` and, when `readiness` counts it
+/// (`relay.max_pending_age_readiness`), in `/readyz`; once the event is released and
+/// published, all of that ends.
+async fn max_pending_age_follows_the_oldest_row(readiness: bool) {
+    const BREACH: &str = "the oldest pending event is older than relay.max_pending_age";
+    const BACK: &str = "every pending event is within relay.max_pending_age again";
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.relay.max_pending_age = "3s".into();
+            settings.relay.max_pending_age_readiness = readiness;
+            settings.metrics.listen = "127.0.0.1:0".into();
+            settings.log.format = "json".into();
+        })
+        .build()
+        .await;
+    let database = &app.database;
+    let outbox = database.table.to_string();
+    let exceeded_label = format!("outbox=\"{outbox}\"");
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    let address = relay.metrics_address().await;
+    let exceeded = || async {
+        sample(
+            &get(address, "/metrics").await.1,
+            "outbox_max_pending_age_exceeded",
+            &exceeded_label,
+        )
+    };
+    eventually(
+        "ready, within the bound, on an empty table",
+        Duration::from_secs(30),
+        || async {
+            get(address, "/readyz").await == (200, "ready\n".into())
+                && exceeded().await == Some(0.0)
+        },
+    )
+    .await;
+
+    let delayed =
+        event("late-1", "late-room").available_at(chrono::Utc::now() + chrono::Duration::hours(1));
+    seed(database, &[delayed]).await;
+    // Sampled every 5 s: past 3 s, then at most one sample later.
+    eventually(
+        "the breach in the gauge",
+        Duration::from_secs(20),
+        || async { exceeded().await == Some(1.0) },
+    )
+    .await;
+    let late = (
+        503,
+        format!("not ready: backlog older than 3s ({outbox})\n"),
+    );
+    if readiness {
+        assert_eq!(
+            get(address, "/readyz").await,
+            late,
+            "the breach makes it unready"
+        );
+    } else {
+        assert_eq!(
+            get(address, "/readyz").await,
+            (200, "ready\n".into()),
+            "max_pending_age_readiness = false keeps readiness out of it"
+        );
+    }
+    // One more sample while late (the age gauge moves 5 s on): the breach is logged once.
+    eventually(
+        "a second look at the late row",
+        Duration::from_secs(20),
+        || async {
+            total(
+                &get(address, "/metrics").await.1,
+                "outbox_oldest_pending_age_seconds",
+            )
+            .is_some_and(|age| age > 8.0)
+        },
+    )
+    .await;
+    let log = relay.log_text();
+    let breaches = lines_saying(&log, BREACH);
+    assert_eq!(breaches.len(), 1, "logged once:\n{log}");
+    assert_eq!(breaches[0]["outbox"], outbox.as_str(), "{log}");
+    assert_eq!(breaches[0]["max_pending_age"], "3s", "{log}");
+    assert_eq!(breaches[0]["level"], "WARN", "{log}");
+    if readiness {
+        assert_eq!(get(address, "/readyz").await, late, "still unready");
+    }
+
+    // Released and published: the oldest pending row is gone.
+    database
+        .execute(&format!(
+            "UPDATE {} SET available_at = now() WHERE event_id = 'late-1'",
+            database.table
+        ))
+        .await;
+    database.wait_all_published(Duration::from_secs(30)).await;
+    eventually(
+        "ready and within the bound once published",
+        Duration::from_secs(20),
+        || async {
+            get(address, "/readyz").await == (200, "ready\n".into())
+                && exceeded().await == Some(0.0)
+        },
+    )
+    .await;
+    let log = relay.log_text();
+    assert_eq!(
+        lines_saying(&log, BACK).len(),
+        1,
+        "the end logged once:\n{log}"
+    );
+    assert_eq!(lines_saying(&log, BREACH).len(), 1, "{log}");
+
+    relay.stop(Duration::from_secs(5)).await;
+    app.teardown().await;
+}
+
+#[actix_rt::test]
+async fn max_pending_age_makes_readyz_unready_while_the_oldest_row_is_older() {
+    max_pending_age_follows_the_oldest_row(true).await;
+}
+
+#[actix_rt::test]
+async fn max_pending_age_readiness_off_shows_the_breach_but_stays_ready() {
+    max_pending_age_follows_the_oldest_row(false).await;
 }
