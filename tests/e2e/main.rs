@@ -15,8 +15,9 @@ mod delivery;
 mod failures;
 /// Broker and database links cut or stalled by a TCP proxy.
 mod faults;
-/// `/metrics` counts and times a run, `/readyz` follows the links, an empty
-/// `metrics.listen` serves nothing; the backlog query behind the gauges.
+/// `/metrics` counts and times a run and carries the build and process series, `/readyz`
+/// and `outbox_up` follow the links, `relay.max_pending_age` follows the oldest row, an
+/// empty `metrics.listen` serves nothing; the backlog query behind the gauges.
 mod metrics;
 /// Several relay processes on one table, a killed node, concurrent producers.
 mod multinode;

@@ -3,8 +3,8 @@
 
 use outbox_core::OutboxStore;
 use outbox_tests::{
-    eventually, http_get as get, room_events, seed, Backend, FaultProxy, RelayProcess, TestApp,
-    TestDatabase,
+    event, eventually, http_get as get, room_events, seed, Backend, FaultProxy, RelayProcess,
+    TestApp, TestDatabase,
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -24,6 +24,27 @@ fn total(text: &str, name: &str) -> Option<f64> {
         })
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// The value of the one sample of `name` whose labels include `label` (`key="value"`), or
+/// `None` when there is none.
+fn sample(text: &str, name: &str, label: &str) -> Option<f64> {
+    let mut values = text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, labels) = series.split_once('{')?;
+            let labels = labels.strip_suffix('}')?;
+            (metric == name && labels.split(',').any(|pair| pair == label))
+                .then(|| value.parse::<f64>().ok())?
+        });
+    let value = values.next();
+    assert!(
+        values.next().is_none(),
+        "{name}{{{label}}}: one sample:\n{text}"
+    );
+    value
 }
 
 /// The TCP ports on which process `pid` listens (IPv4 and IPv6): its socket inodes,
@@ -154,6 +175,47 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
     )
     .await;
 
+    // The process's own series, for alerts that need no external probe.
+    let text = get(address, "/metrics").await.1;
+    assert_eq!(
+        sample(
+            &text,
+            "outbox_relay_build_info",
+            &format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))
+        ),
+        Some(1.0),
+        "the build's version:\n{text}"
+    );
+    for dependency in ["database", "broker"] {
+        assert_eq!(
+            sample(&text, "outbox_up", &format!("dependency=\"{dependency}\"")),
+            Some(1.0),
+            "{dependency} up while relaying:\n{text}"
+        );
+    }
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let start_time = total(&text, "process_start_time_seconds");
+    assert!(
+        start_time.is_some_and(|at| at <= started && at > started - 600.0),
+        "started during this test, in seconds since the epoch:\n{text}"
+    );
+    for (series, at_least) in [
+        ("process_resident_memory_bytes", 1_000_000.0),
+        // The listener, the database pool, the broker connection at least.
+        ("process_open_fds", 3.0),
+        // Counts whole seconds: 1,000 events may take less than one.
+        ("process_cpu_seconds_total", 0.0),
+        ("process_threads", 2.0),
+    ] {
+        assert!(
+            total(&text, series).is_some_and(|value| value >= at_least),
+            "{series} at least {at_least}:\n{text}"
+        );
+    }
+
     // Serving metrics does not slow the shutdown down (publish_timeout + 2 s).
     relay.stop(Duration::from_secs(5)).await;
     app.teardown().await;
@@ -167,12 +229,24 @@ enum Link {
 }
 
 /// Runs the binary with `link` through a fault proxy, cuts the link and restores it:
-/// `/readyz` must follow, naming that side only, while `/healthz` stays 200.
+/// `/readyz` must follow, naming that side only, while `/healthz` stays 200; and so must
+/// `outbox_up{dependency}`, for alerts without a probe of `/readyz`.
 async fn readyz_follows(link: Link) {
-    let (target, problem) = match link {
-        Link::Broker => (5672, "not ready: broker unreachable\n"),
-        Link::Database => (5432, "not ready: database unreachable\n"),
+    let (target, problem, cut, kept) = match link {
+        Link::Broker => (
+            5672,
+            "not ready: broker unreachable\n",
+            "dependency=\"broker\"",
+            "dependency=\"database\"",
+        ),
+        Link::Database => (
+            5432,
+            "not ready: database unreachable\n",
+            "dependency=\"database\"",
+            "dependency=\"broker\"",
+        ),
     };
+
     let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], target))).await;
     let app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
@@ -192,10 +266,15 @@ async fn readyz_follows(link: Link) {
     let database = &app.database;
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
     let address = relay.metrics_address().await;
+    let up = |label: &'static str| async move {
+        sample(&get(address, "/metrics").await.1, "outbox_up", label)
+    };
     eventually("ready after start", Duration::from_secs(30), || async {
         get(address, "/readyz").await == (200, "ready\n".into())
     })
     .await;
+    assert_eq!(up(cut).await, Some(1.0), "ready: {cut} up");
+    assert_eq!(up(kept).await, Some(1.0), "ready: {kept} up");
 
     proxy.go_down();
     let answer = RefCell::new((0, String::new()));
@@ -220,6 +299,9 @@ async fn readyz_follows(link: Link) {
         200,
         "alive all the same: nothing to restart"
     );
+    // The same flag: 0 as soon as /readyz says so, the other side still 1.
+    assert_eq!(up(cut).await, Some(0.0), "{cut} down with the link cut");
+    assert_eq!(up(kept).await, Some(1.0), "{kept} untouched by the cut");
 
     proxy.restore();
     eventually(
@@ -228,6 +310,7 @@ async fn readyz_follows(link: Link) {
         || async { get(address, "/readyz").await == (200, "ready\n".into()) },
     )
     .await;
+    assert_eq!(up(cut).await, Some(1.0), "{cut} up again");
     // Ready means usable: events inserted now are delivered.
     seed(database, &room_events("ready", 20, 4)).await;
     database.wait_all_published(Duration::from_secs(60)).await;
@@ -311,4 +394,140 @@ async fn the_backlog_counts_pending_rows_only_on_every_backend() {
         );
         database.drop_table().await;
     }
+}
+
+/// Log lines (JSON) whose message is `message`.
+fn lines_saying(log: &str, message: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["message"] == message)
+        .collect()
+}
+
+/// With `relay.max_pending_age = "3s"`: a delayed event (`available_at` an hour ahead)
+/// ages past the bound, which the relay logs once, shows in
+/// `outbox_max_pending_age_exceeded` and, when `readiness` counts it
+/// (`relay.max_pending_age_readiness`), in `/readyz`; once the event is released and
+/// published, all of that ends.
+async fn max_pending_age_follows_the_oldest_row(readiness: bool) {
+    const BREACH: &str = "the oldest pending event is older than relay.max_pending_age";
+    const BACK: &str = "every pending event is within relay.max_pending_age again";
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.relay.max_pending_age = "3s".into();
+            settings.relay.max_pending_age_readiness = readiness;
+            settings.metrics.listen = "127.0.0.1:0".into();
+            settings.log.format = "json".into();
+        })
+        .build()
+        .await;
+    let database = &app.database;
+    let outbox = database.table.to_string();
+    let exceeded_label = format!("outbox=\"{outbox}\"");
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    let address = relay.metrics_address().await;
+    let exceeded = || async {
+        sample(
+            &get(address, "/metrics").await.1,
+            "outbox_max_pending_age_exceeded",
+            &exceeded_label,
+        )
+    };
+    eventually(
+        "ready, within the bound, on an empty table",
+        Duration::from_secs(30),
+        || async {
+            get(address, "/readyz").await == (200, "ready\n".into())
+                && exceeded().await == Some(0.0)
+        },
+    )
+    .await;
+
+    let delayed =
+        event("late-1", "late-room").available_at(chrono::Utc::now() + chrono::Duration::hours(1));
+    seed(database, &[delayed]).await;
+    // Sampled every 5 s: past 3 s, then at most one sample later.
+    eventually(
+        "the breach in the gauge",
+        Duration::from_secs(20),
+        || async { exceeded().await == Some(1.0) },
+    )
+    .await;
+    let late = (
+        503,
+        format!("not ready: backlog older than 3s ({outbox})\n"),
+    );
+    if readiness {
+        assert_eq!(
+            get(address, "/readyz").await,
+            late,
+            "the breach makes it unready"
+        );
+    } else {
+        assert_eq!(
+            get(address, "/readyz").await,
+            (200, "ready\n".into()),
+            "max_pending_age_readiness = false keeps readiness out of it"
+        );
+    }
+    // One more sample while late (the age gauge moves 5 s on): the breach is logged once.
+    eventually(
+        "a second look at the late row",
+        Duration::from_secs(20),
+        || async {
+            total(
+                &get(address, "/metrics").await.1,
+                "outbox_oldest_pending_age_seconds",
+            )
+            .is_some_and(|age| age > 8.0)
+        },
+    )
+    .await;
+    let log = relay.log_text();
+    let breaches = lines_saying(&log, BREACH);
+    assert_eq!(breaches.len(), 1, "logged once:\n{log}");
+    assert_eq!(breaches[0]["outbox"], outbox.as_str(), "{log}");
+    assert_eq!(breaches[0]["max_pending_age"], "3s", "{log}");
+    assert_eq!(breaches[0]["level"], "WARN", "{log}");
+    if readiness {
+        assert_eq!(get(address, "/readyz").await, late, "still unready");
+    }
+
+    // Released and published: the oldest pending row is gone.
+    database
+        .execute(&format!(
+            "UPDATE {} SET available_at = now() WHERE event_id = 'late-1'",
+            database.table
+        ))
+        .await;
+    database.wait_all_published(Duration::from_secs(30)).await;
+    eventually(
+        "ready and within the bound once published",
+        Duration::from_secs(20),
+        || async {
+            get(address, "/readyz").await == (200, "ready\n".into())
+                && exceeded().await == Some(0.0)
+        },
+    )
+    .await;
+    let log = relay.log_text();
+    assert_eq!(
+        lines_saying(&log, BACK).len(),
+        1,
+        "the end logged once:\n{log}"
+    );
+    assert_eq!(lines_saying(&log, BREACH).len(), 1, "{log}");
+
+    relay.stop(Duration::from_secs(5)).await;
+    app.teardown().await;
+}
+
+#[actix_rt::test]
+async fn max_pending_age_makes_readyz_unready_while_the_oldest_row_is_older() {
+    max_pending_age_follows_the_oldest_row(true).await;
+}
+
+#[actix_rt::test]
+async fn max_pending_age_readiness_off_shows_the_breach_but_stays_ready() {
+    max_pending_age_follows_the_oldest_row(false).await;
 }

@@ -1,10 +1,13 @@
 //! The metrics and health endpoint of `outbox-relay run`, on `metrics.listen`
 //! (`docs/design.md#logs-metrics-and-health`):
 //!
-//! - `GET /metrics`: every metric in the Prometheus text format, labelled `node_id`.
+//! - `GET /metrics`: every metric in the Prometheus text format, labelled `node_id`: the
+//!   relay's, `outbox_up{dependency}` (the flags `/readyz` reads), `outbox_relay_build_info`
+//!   and the standard `process_*` series (sampled from /proc at each scrape).
 //! - `GET /healthz`: 200 while the process runs (it answers, so it is alive).
-//! - `GET /readyz`: 200 while every outbox's database and the broker are usable, else 503
-//!   with a line saying which is not.
+//! - `GET /readyz`: 200 while every outbox's database and the broker are usable (and, with
+//!   `relay.max_pending_age`, no outbox's oldest pending row is older than that, unless
+//!   `relay.max_pending_age_readiness` is off), else 503 with a line saying which is not.
 //!
 //! The actors record through the `metrics` facade (`outbox_relay::instruments`); this
 //! module installs the Prometheus recorder behind it and serves it with actix-web on a
@@ -13,6 +16,7 @@
 //! the database or the broker; the probe is a future polled beside the signal wait, dropped
 //! at the first signal so it cannot reconnect a broker the shutdown has closed.
 
+use crate::settings::MaxPendingAge;
 use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
@@ -23,7 +27,7 @@ use outbox_relay::instruments;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -59,6 +63,9 @@ const BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
 ];
 
+/// The `dependency` labels of `outbox_up`, in the order of [`Health`]'s flags.
+const DEPENDENCIES: [&str; 2] = ["database", "broker"];
+
 /// What `/readyz` reports, written by the probe and read by requests.
 #[derive(Debug, Default)]
 struct Health {
@@ -68,6 +75,9 @@ struct Health {
     broker: AtomicBool,
     /// The graceful shutdown has begun: no longer relaying.
     stopping: AtomicBool,
+    /// `backlog older than …` with the late outboxes, while `relay.max_pending_age` is
+    /// breached and counts for readiness.
+    late: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -78,12 +88,57 @@ impl Health {
         }
         let mut problems = Vec::new();
         if !self.database.load(Ordering::Relaxed) {
-            problems.push("database unreachable");
+            problems.push("database unreachable".to_owned());
         }
         if !self.broker.load(Ordering::Relaxed) {
-            problems.push("broker unreachable");
+            problems.push("broker unreachable".to_owned());
+        }
+        if let Some(late) = self.late.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            problems.push(late);
         }
         (!problems.is_empty()).then(|| problems.join(", "))
+    }
+}
+
+/// One outbox as the probe watches it.
+struct Watched<'a, S> {
+    name: &'a str,
+    store: &'a S,
+    pending: metrics::Gauge,
+    oldest: metrics::Gauge,
+    /// `outbox_max_pending_age_exceeded`, when `relay.max_pending_age` is on.
+    exceeded: Option<metrics::Gauge>,
+    /// At the last look, the oldest pending row was older than `relay.max_pending_age`.
+    late: bool,
+}
+
+impl<S> Watched<'_, S> {
+    /// The oldest pending row is `age` seconds old: a breach of `bound` begins or ends
+    /// (logged once each), or goes on.
+    fn check_age(&mut self, age: f64, bound: Duration) {
+        let late = age > bound.as_secs_f64();
+        if let Some(exceeded) = &self.exceeded {
+            exceeded.set(f64::from(u8::from(late)));
+        }
+        if late == self.late {
+            return;
+        }
+        self.late = late;
+        let max_pending_age = humantime::format_duration(bound).to_string();
+        if late {
+            warn!(
+                outbox = self.name,
+                oldest_pending_age_seconds = age.round(),
+                %max_pending_age,
+                "the oldest pending event is older than relay.max_pending_age"
+            );
+        } else {
+            info!(
+                outbox = self.name,
+                %max_pending_age,
+                "every pending event is within relay.max_pending_age again"
+            );
+        }
     }
 }
 
@@ -91,6 +146,8 @@ impl Health {
 struct Served {
     prometheus: PrometheusHandle,
     health: Arc<Health>,
+    /// Samples the `process_*` series just before each render.
+    process: metrics_process::Collector,
 }
 
 /// The running endpoint: the HTTP server, its recorder, and what its probe found.
@@ -113,6 +170,13 @@ impl Endpoint {
             .install_recorder()
             .context("cannot install the metrics recorder")?;
         instruments::describe();
+        let process = metrics_process::Collector::default();
+        process.describe();
+        metrics::gauge!(instruments::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+        // Present from the first scrape: unusable until the probe has found otherwise.
+        for dependency in DEPENDENCIES {
+            metrics::gauge!(instruments::UP, "dependency" => dependency).set(0.0);
+        }
         let listener = std::net::TcpListener::bind(listen)
             .with_context(|| format!("cannot listen on {listen} (metrics.listen)"))?;
         let address = listener.local_addr()?;
@@ -120,6 +184,7 @@ impl Endpoint {
         let served = web::Data::new(Served {
             prometheus: prometheus.clone(),
             health: Arc::clone(&health),
+            process,
         });
         let server = HttpServer::new(move || {
             App::new()
@@ -161,43 +226,82 @@ impl Endpoint {
     /// second (lapin's status flag while connected, a reconnect within the link's backoff
     /// while not, so an idle relay is ready again soon); each outbox's database by the
     /// gauges' backlog query (labelled `outbox`) every 5 s, every second while one fails or
-    /// takes over 3 s. `stores` are the outboxes by name. Poll it only while the relay
-    /// runs: after [`Broker::close`] a broker probe would open the connection again.
+    /// takes over 3 s. `stores` are the outboxes by name. With `max_pending_age`, the
+    /// same query checks each outbox's oldest pending row against it: a breach is logged
+    /// once when it begins and once when it ends, shown by
+    /// `outbox_max_pending_age_exceeded`, and makes the node unready if `readiness` says
+    /// so. Poll it only while the relay runs: after [`Broker::close`] a broker probe
+    /// would open the connection again.
     pub async fn probe<S: OutboxStore>(
         &self,
         stores: &[(&str, &S)],
         broker: &Broker,
+        max_pending_age: Option<MaxPendingAge>,
     ) -> Infallible {
-        let gauges: Vec<_> = stores
+        let mut watched: Vec<_> = stores
             .iter()
             .map(|(name, store)| {
                 let label = || name.to_string();
-                (
-                    *store,
-                    metrics::gauge!(instruments::PENDING_EVENTS, "outbox" => label()),
-                    metrics::gauge!(instruments::OLDEST_PENDING_AGE, "outbox" => label()),
-                )
+                Watched {
+                    name,
+                    store: *store,
+                    pending: metrics::gauge!(instruments::PENDING_EVENTS, "outbox" => label()),
+                    oldest: metrics::gauge!(instruments::OLDEST_PENDING_AGE, "outbox" => label()),
+                    exceeded: max_pending_age.map(|_| {
+                        let gauge =
+                            metrics::gauge!(instruments::PENDING_AGE_EXCEEDED, "outbox" => label());
+                        gauge.set(0.0);
+                        gauge
+                    }),
+                    late: false,
+                }
             })
             .collect();
+        let [database_up, broker_up] = DEPENDENCIES
+            .map(|dependency| metrics::gauge!(instruments::UP, "dependency" => dependency));
         let mut backlog_due = Instant::now();
         // Readiness as last logged: a change is logged once (the links log the details of
         // their own losses and recoveries).
         let mut logged = Some(String::from("starting"));
         loop {
             let usable = broker.probe().await;
+            // The gauge first: whoever saw /readyz change finds it changed too.
+            broker_up.set(f64::from(u8::from(usable)));
             self.health.broker.store(usable, Ordering::Relaxed);
             if Instant::now() >= backlog_due {
                 let mut usable = true;
-                for (store, pending, oldest) in &gauges {
-                    let backlog = tokio::time::timeout(BACKLOG_TIMEOUT, store.backlog()).await;
+                for outbox in &mut watched {
+                    let backlog =
+                        tokio::time::timeout(BACKLOG_TIMEOUT, outbox.store.backlog()).await;
                     match backlog {
                         Ok(Ok(backlog)) => {
-                            pending.set(backlog.pending as f64);
-                            oldest.set(backlog.oldest_pending_age_seconds.unwrap_or(0.0));
+                            let age = backlog.oldest_pending_age_seconds.unwrap_or(0.0);
+                            outbox.pending.set(backlog.pending as f64);
+                            outbox.oldest.set(age);
+                            if let Some(bound) = max_pending_age {
+                                outbox.check_age(age, bound.age);
+                            }
                         }
+                        // A breach stays as last seen while the database does not answer.
                         Ok(Err(_)) | Err(_) => usable = false,
                     }
                 }
+                if let Some(bound) = max_pending_age.filter(|bound| bound.readiness) {
+                    let late: Vec<&str> = watched
+                        .iter()
+                        .filter(|outbox| outbox.late)
+                        .map(|outbox| outbox.name)
+                        .collect();
+                    *self.health.late.lock().unwrap_or_else(|e| e.into_inner()) =
+                        (!late.is_empty()).then(|| {
+                            format!(
+                                "backlog older than {} ({})",
+                                humantime::format_duration(bound.age),
+                                late.join(", ")
+                            )
+                        });
+                }
+                database_up.set(f64::from(u8::from(usable)));
                 self.health.database.store(usable, Ordering::Relaxed);
                 backlog_due = Instant::now() + if usable { BACKLOG_EVERY } else { PROBE_EVERY };
             }
@@ -244,6 +348,8 @@ fn recorder(node_id: &str) -> anyhow::Result<PrometheusBuilder> {
 }
 
 async fn metrics(served: web::Data<Served>) -> HttpResponse {
+    // A few reads of /proc/self, on the endpoint's own thread.
+    served.process.collect();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(served.prometheus.render())
@@ -287,6 +393,42 @@ mod tests {
         health.database.store(true, Ordering::Relaxed);
         health.stopping.store(true, Ordering::Relaxed);
         assert_eq!(health.problems().as_deref(), Some("shutting down"));
+    }
+
+    #[test]
+    fn a_late_backlog_is_one_more_problem() {
+        let health = Health::default();
+        health.database.store(true, Ordering::Relaxed);
+        health.broker.store(true, Ordering::Relaxed);
+        *health.late.lock().unwrap() = Some("backlog older than 30s (orders)".into());
+        assert_eq!(
+            health.problems().as_deref(),
+            Some("backlog older than 30s (orders)")
+        );
+        health.broker.store(false, Ordering::Relaxed);
+        assert_eq!(
+            health.problems().as_deref(),
+            Some("broker unreachable, backlog older than 30s (orders)")
+        );
+    }
+
+    #[test]
+    fn a_breach_begins_and_ends_past_the_bound() {
+        let mut outbox = Watched {
+            name: "orders",
+            store: &(),
+            pending: metrics::Gauge::noop(),
+            oldest: metrics::Gauge::noop(),
+            exceeded: None,
+            late: false,
+        };
+        let bound = Duration::from_secs(30);
+        outbox.check_age(30.0, bound);
+        assert!(!outbox.late, "at the bound: not yet late");
+        outbox.check_age(30.5, bound);
+        assert!(outbox.late);
+        outbox.check_age(0.0, bound);
+        assert!(!outbox.late, "drained");
     }
 
     #[test]

@@ -31,6 +31,15 @@ pub const CLAIM_BATCH_SIZE: &str = "outbox_claim_batch_size";
 /// Histogram: outcomes per committed flush of the Marker.
 pub const MARK_BATCH_SIZE: &str = "outbox_mark_batch_size";
 
+/// Gauge, label `dependency` (`database` or `broker`): 1 while the endpoint's probe finds
+/// it usable, else 0; the flags `/readyz` reads. Set by the binary's endpoint.
+pub const UP: &str = "outbox_up";
+/// Gauge, label `version`: always 1, so a query can join a node's version onto its series.
+pub const BUILD_INFO: &str = "outbox_relay_build_info";
+/// Gauge: 1 while the oldest pending row is older than `relay.max_pending_age`, else 0;
+/// present only when that setting is on. Set by the binary's endpoint.
+pub const PENDING_AGE_EXCEEDED: &str = "outbox_max_pending_age_exceeded";
+
 /// Registers the help text and unit of every metric with the installed recorder.
 pub fn describe() {
     describe_counter!(
@@ -57,6 +66,15 @@ pub fn describe() {
         OLDEST_PENDING_AGE,
         Unit::Seconds,
         "Age of the oldest pending row, 0 when none (sampled every few seconds)."
+    );
+    describe_gauge!(
+        UP,
+        "1 while the dependency (database, broker) is usable, else 0: what /readyz reads."
+    );
+    describe_gauge!(BUILD_INFO, "Always 1; the labels name the running build.");
+    describe_gauge!(
+        PENDING_AGE_EXCEEDED,
+        "1 while the oldest pending row is older than relay.max_pending_age, else 0."
     );
     describe_histogram!(
         PUBLISH_CONFIRM,

@@ -28,7 +28,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // cannot reconnect the broker once the shutdown has closed it.
         Some(endpoint) => tokio::select! {
             signal = signals.next() => signal,
-            never = endpoint.probe(&stores, &broker) => match never {},
+            never = endpoint.probe(&stores, &broker, config.max_pending_age) => match never {},
         },
         None => signals.next().await,
     };

@@ -26,12 +26,24 @@ pub struct Config {
     pub log: LogConfig,
     /// Metrics endpoint address; `None` when disabled.
     pub metrics_listen: Option<SocketAddr>,
+    /// `relay.max_pending_age`, checked by the endpoint's probe; `None` when off.
+    pub max_pending_age: Option<MaxPendingAge>,
     /// Settings replaced by defaults (zero values), to log once telemetry is up.
     pub warnings: Vec<String>,
     /// The settings as loaded (for `check-config`, after redaction).
     pub effective: Settings,
     /// The passwords in force, to scrub from log lines and error messages.
     pub secrets: Secrets,
+}
+
+/// The delivery objective (`relay.max_pending_age`): how old the oldest pending row of an
+/// outbox may get before the relay says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxPendingAge {
+    /// The bound; a row older than this is a breach.
+    pub age: std::time::Duration,
+    /// A breach makes `/readyz` answer 503 (`relay.max_pending_age_readiness`).
+    pub readiness: bool,
 }
 
 /// Validated database settings.

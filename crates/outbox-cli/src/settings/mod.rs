@@ -21,7 +21,7 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
-pub use config::{Config, DatabaseConfig, LogConfig, LogFormat, OutboxConfig};
+pub use config::{Config, DatabaseConfig, LogConfig, LogFormat, MaxPendingAge, OutboxConfig};
 pub use field::{Field, Span};
 pub use load::ENV_PREFIX;
 pub use shape::{

@@ -214,6 +214,10 @@ pub struct RelaySettings {
     pub shutdown_timeout: Field<Span>,
     /// Published rows older than this are deleted; blank or zero keeps them forever.
     pub retention: Field<Span>,
+    /// The delivery objective: the oldest pending row may be this old; blank or zero: off.
+    pub max_pending_age: Field<Span>,
+    /// Whether a breach of `max_pending_age` makes `/readyz` answer 503.
+    pub max_pending_age_readiness: bool,
 }
 
 /// `[log]`
@@ -302,6 +306,8 @@ impl Default for RelaySettings {
             ordering: "per_room".into(),
             shutdown_timeout: "30s".into(),
             retention: "".into(),
+            max_pending_age: "".into(),
+            max_pending_age_readiness: true,
         }
     }
 }

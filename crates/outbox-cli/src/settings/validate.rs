@@ -3,7 +3,7 @@
 //! its part of the [`Config`] only when all of its keys are good.
 
 use super::check::{builtin, Report, Section};
-use super::config::{Config, DatabaseConfig, LogConfig};
+use super::config::{Config, DatabaseConfig, LogConfig, MaxPendingAge};
 use super::field::Span;
 use super::outboxes::{self, database_columns, Inherited, DATABASE_SCHEMES};
 use super::shape::{
@@ -29,6 +29,7 @@ impl Settings {
         let database = self.database.validate(&mut report.section("database"));
         // Before [amqp], whose messages carry the node id and the publish timeout.
         let relay = self.relay.validate(&mut report.section("relay"));
+        let max_pending_age = self.relay.max_pending_age(&mut report.section("relay"));
         let amqp = self
             .amqp
             .validate(&mut report.section("amqp"), relay.as_ref());
@@ -54,10 +55,26 @@ impl Settings {
             Some(log),
             Some(metrics_listen),
             Some(outboxes),
-        ) = (database, amqp, relay, log, metrics_listen, outboxes)
+            Some(max_pending_age),
+        ) = (
+            database,
+            amqp,
+            relay,
+            log,
+            metrics_listen,
+            outboxes,
+            max_pending_age,
+        )
         else {
             return Err(report.errors);
         };
+        if max_pending_age.is_some() && metrics_listen.is_none() {
+            report.warnings.push(
+                "relay.max_pending_age is set but metrics.listen is \"\": the backlog is \
+                 checked by the metrics and health endpoint, so nothing checks it"
+                    .into(),
+            );
+        }
         amqp.topology = outboxes.iter().map(|o| Arc::clone(&o.routing)).collect();
         // The first outbox's, for the callers that relay one (`start_relay`).
         relay = outboxes[0].relay_options(&relay);
@@ -80,6 +97,7 @@ impl Settings {
             outboxes,
             log,
             metrics_listen,
+            max_pending_age,
             warnings: report.warnings,
         })
     }
@@ -238,6 +256,35 @@ impl RelaySettings {
             shutdown_timeout: shutdown_timeout?,
             retention: retention?,
         })
+    }
+}
+
+impl RelaySettings {
+    /// `max_pending_age` and `max_pending_age_readiness`: `Some(None)` when off (blank,
+    /// or zero with a warning).
+    fn max_pending_age(&self, check: &mut Section<'_>) -> Option<Option<MaxPendingAge>> {
+        if self.max_pending_age.is_blank() {
+            return Some(None);
+        }
+        let Span(age) = check.parse(
+            "max_pending_age",
+            &self.max_pending_age,
+            Some(
+                "a duration such as \"30s\", \"5m\" or \"1h\", or \"\" for no delivery \
+                 objective",
+            ),
+        )?;
+        // Zero is off, never "every pending row is late".
+        let age = check.or_default(
+            "max_pending_age",
+            Some(age),
+            None,
+            "\"\" (no delivery objective)",
+        );
+        Some(age.map(|age| MaxPendingAge {
+            age,
+            readiness: self.max_pending_age_readiness,
+        }))
     }
 }
 

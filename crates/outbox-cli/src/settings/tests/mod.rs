@@ -4,7 +4,7 @@
 mod outboxes;
 mod secrets;
 
-use super::{Config, Settings};
+use super::{Config, MaxPendingAge, Settings};
 use figment::Jail;
 use outbox_core::Ordering;
 use std::path::Path;
@@ -106,6 +106,59 @@ fn zero_retention_keeps_rows_forever_with_a_warning() {
     );
     let warnings = config.warnings.join("\n");
     assert!(warnings.contains("relay.retention"), "{warnings}");
+}
+
+#[test]
+fn max_pending_age_is_off_by_default_and_counts_for_readiness_when_set() {
+    assert_eq!(load("", &[]).unwrap().max_pending_age, None);
+    let config = load("[relay]\nmax_pending_age = \"90s\"", &[]).unwrap();
+    assert_eq!(
+        config.max_pending_age,
+        Some(MaxPendingAge {
+            age: Duration::from_secs(90),
+            readiness: true
+        })
+    );
+    let config = load(
+        "[relay]\nmax_pending_age = \"5m\"\nmax_pending_age_readiness = false",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        config.max_pending_age,
+        Some(MaxPendingAge {
+            age: Duration::from_secs(300),
+            readiness: false
+        })
+    );
+}
+
+#[test]
+fn a_bad_or_zero_max_pending_age_is_named() {
+    let error = load("[relay]\nmax_pending_age = \"late\"", &[]).unwrap_err();
+    assert!(
+        error.contains("relay.max_pending_age") && error.contains("late"),
+        "{error}"
+    );
+    assert!(error.contains("30s"), "says what is accepted: {error}");
+    let config = load("[relay]\nmax_pending_age = \"0s\"", &[]).unwrap();
+    assert_eq!(config.max_pending_age, None, "zero is off");
+    let warnings = config.warnings.join("\n");
+    assert!(warnings.contains("relay.max_pending_age"), "{warnings}");
+}
+
+#[test]
+fn max_pending_age_without_the_endpoint_warns() {
+    let config = load(
+        "[relay]\nmax_pending_age = \"1m\"\n[metrics]\nlisten = \"\"",
+        &[],
+    )
+    .unwrap();
+    let warnings = config.warnings.join("\n");
+    assert!(
+        warnings.contains("relay.max_pending_age") && warnings.contains("metrics.listen"),
+        "{warnings}"
+    );
 }
 
 #[test]
