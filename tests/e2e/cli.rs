@@ -1,5 +1,6 @@
 //! The binary's `--help` and `--version`.
 
+use outbox_tests::output::stdout;
 use std::process::{Command, Output};
 
 fn relay(args: &[&str]) -> Output {
@@ -7,10 +8,6 @@ fn relay(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("binary runs")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 #[test]

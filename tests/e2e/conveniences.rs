@@ -4,20 +4,11 @@
 //! image carries OCI labels.
 
 use outbox_cli::settings::Settings;
+use outbox_tests::output::{stderr, succeeded};
 use outbox_tests::{
     own_room_events as events, per_backend, seed, unique_name, Backend, SettingsFile, TestDatabase,
 };
-use std::process::{Command, Output};
-
-/// Settings for the binary on `database`: no broker needed, no endpoint.
-fn binary_settings(database: &TestDatabase) -> Settings {
-    let mut settings = Settings::default();
-    settings.database.url = database.url.clone();
-    settings.database.table = database.table.as_str().to_owned();
-    settings.database.migrate_on_start = false;
-    settings.metrics.listen = "".into();
-    settings
-}
+use std::process::Command;
 
 /// The binary with `args`, run in the temporary directory (no `config/default.toml`
 /// there), with no `OUTBOX_RELAY…` variable of the test's own environment.
@@ -32,26 +23,11 @@ fn relay(args: &[&str]) -> Command {
     command
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn succeeded(what: &str, output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "{what}: {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        text(&output.stdout),
-        text(&output.stderr)
-    );
-    text(&output.stdout)
-}
-
 #[actix_rt::test]
 async fn outbox_relay_config_names_the_settings_file_and_config_wins() {
     let database = TestDatabase::new(Backend::Postgres).await;
     let named = |name: &str| {
-        let mut settings = binary_settings(&database);
+        let mut settings = database.binary_settings();
         settings.relay.name = name.to_owned();
         SettingsFile::write(&settings)
     };
@@ -86,10 +62,10 @@ async fn outbox_relay_config_names_the_settings_file_and_config_wins() {
         .output()
         .expect("runs");
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    let stderr = text(&output.stderr);
+    let said = stderr(&output);
     assert!(
-        stderr.contains("OUTBOX_RELAY_CONFIG") && stderr.contains(&missing.display().to_string()),
-        "names the variable and the file: {stderr}"
+        said.contains("OUTBOX_RELAY_CONFIG") && said.contains(&missing.display().to_string()),
+        "names the variable and the file: {said}"
     );
     let output = relay(&["check-config"])
         .env("OUTBOX_RELAY_CONFIG", "")
@@ -97,7 +73,7 @@ async fn outbox_relay_config_names_the_settings_file_and_config_wins() {
         .expect("runs");
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     assert!(
-        text(&output.stderr).contains("OUTBOX_RELAY_CONFIG is set but empty"),
+        stderr(&output).contains("OUTBOX_RELAY_CONFIG is set but empty"),
         "{output:?}"
     );
 
@@ -169,7 +145,7 @@ fn all_rows() -> Vec<(String, usize)> {
 async fn purge_dry_run_counts_and_deletes_nothing(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     seed_rows(&database).await;
-    let settings = binary_settings(&database);
+    let settings = database.binary_settings();
     let purge = |args: &[&str]| {
         let output = outbox_tests::run_binary(crate::RELAY, &settings, args);
         succeeded(&format!("{args:?}"), &output)
@@ -234,7 +210,7 @@ per_backend!(purge_dry_run_counts_and_deletes_nothing: postgres, sqlite, mariadb
 
 /// `purge` logs one info line per status ("rows purged"); pretty format, info level.
 fn logging_settings(database: &TestDatabase) -> Settings {
-    let mut settings = binary_settings(database);
+    let mut settings = database.binary_settings();
     settings.log.format = "pretty".into();
     settings.log.level = "info".into();
     settings

@@ -5,6 +5,7 @@
 
 use outbox_cli::settings::{ColumnsSettings, OutboxColumnsSettings, OutboxSettings, Settings};
 use outbox_store::{insert_events, NewEvent, OutboxRow, TableName};
+use outbox_tests::output::{stderr, succeeded};
 use outbox_tests::producer_table::{uuid, ProducerTable as Fixture};
 use outbox_tests::{
     assert_every_event_delivered, eventually, own_room_events, per_backend, run_binary, seed,
@@ -13,7 +14,6 @@ use outbox_tests::{
 };
 use sea_orm::{DbBackend, FromQueryResult, Statement};
 use std::collections::{BTreeMap, HashSet};
-use std::process::Output;
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -27,26 +27,6 @@ async fn unpublished(fixture: &Fixture) -> usize {
         )
         .await
         .len()
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// Asserts that `output` is a success; its stdout.
-fn succeeded(what: &str, output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "{what}: {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        stdout(output),
-        stderr(output)
-    );
-    stdout(output)
 }
 
 /// Waits until every one of `ids` arrived at `broker` at least once; every delivery so far.

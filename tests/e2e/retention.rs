@@ -2,7 +2,6 @@
 //! `published` rows in bounded batches, and nothing else.
 
 use chrono::Utc;
-use outbox_cli::settings::Settings;
 use outbox_core::{OutboxStore, PurgeTarget};
 use outbox_tests::{
     eventually, own_room_events as events, per_backend, seed, Backend, TestApp, TestDatabase,
@@ -169,23 +168,13 @@ async fn purge_deletes_at_most_its_limit_and_only_its_status(backend: Backend) {
 
 per_backend!(purge_deletes_at_most_its_limit_and_only_its_status: postgres, sqlite, mariadb);
 
-/// Settings for the binary on `database`; `purge` needs no broker.
-fn binary_settings(database: &TestDatabase) -> Settings {
-    let mut settings = Settings::default();
-    settings.database.url = database.url.clone();
-    settings.database.table = database.table.as_str().to_owned();
-    settings.database.migrate_on_start = false;
-    settings.metrics.listen = "".into();
-    settings
-}
-
 async fn purge_command_keeps_pending_and_dead_rows_unless_asked(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     // 1,200 expired rows: two batches.
     seed_finished_rows(&database, 1_200).await;
     seed(&database, &events("fresh-dead", 1, 1)).await;
     set(&database, "fresh-dead", "status = 'dead'").await;
-    let settings = binary_settings(&database);
+    let settings = database.binary_settings();
     let purge = |args: &[&str]| {
         let output = outbox_tests::run_binary(crate::RELAY, &settings, args);
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();

@@ -1,5 +1,6 @@
 //! The binary's answers to bad and overridden settings (`docs/design.md#settings`).
 
+use outbox_tests::output::stderr;
 use std::process::{Command, Output};
 
 fn relay(config: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
@@ -14,10 +15,6 @@ fn relay(config: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
         .expect("binary runs");
     let _ = std::fs::remove_file(file);
     output
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 #[test]
