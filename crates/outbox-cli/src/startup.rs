@@ -94,17 +94,10 @@ pub async fn open_unchecked(
 pub async fn check_columns(outbox: &str, store: &mut SeaOrmStore) -> anyhow::Result<()> {
     match store.check_columns().await {
         Ok(()) => Ok(()),
-        Err(outbox_store::Error::Mapping { table, problems }) => {
-            let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            Err(ConfigProblem(format!(
-                "outbox {outbox}: table {table}: {}",
-                problems.join("; ")
-            ))
-            .into())
-        }
-        Err(error @ outbox_store::Error::Unreadable { .. }) => {
-            Err(ConfigProblem(format!("outbox {outbox}: {error}")).into())
-        }
+        // Their text names the table, each setting and column: the outbox's name first.
+        Err(
+            error @ (outbox_store::Error::Mapping { .. } | outbox_store::Error::Unreadable { .. }),
+        ) => Err(ConfigProblem(format!("outbox {outbox}: {error}")).into()),
         Err(error) => Err(anyhow::Error::new(error).context(format!("outbox {outbox}"))),
     }
 }
