@@ -39,6 +39,9 @@ mod shutdown;
 mod store;
 /// `amqps://` through a TLS proxy with a custom CA; PostgreSQL's `sslmode`.
 mod tls;
+/// OpenTelemetry: a producer span per publish at an OTLP receiver, parented to the row's
+/// `traceparent`, its context in the message's headers.
+mod traces;
 /// Insert wake-ups per backend: a lone event in milliseconds with a 60 s poll, through an
 /// outage of the database, falling back to polling; `database.probe = false`.
 mod wakeups;

@@ -8,6 +8,7 @@ pub mod app;
 pub mod broker;
 pub mod database;
 pub mod events;
+pub mod otlp;
 pub mod output;
 pub mod producer_table;
 pub mod proxy;

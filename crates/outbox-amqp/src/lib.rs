@@ -5,10 +5,12 @@
 //! - [`message`]: how an [`outbox_core::OutboxRecord`] becomes an AMQP message.
 //! - [`publisher`]: [`AmqpPublisher`], the [`outbox_core::EventPublisher`] port on one
 //!   confirm channel.
+//! - [`span`]: the OpenTelemetry span of a published message (feature `otel`).
 
 pub mod broker;
 pub mod message;
 pub mod publisher;
+pub mod span;
 pub mod tap;
 
 pub use broker::{AmqpError, AmqpSettings, Broker, Routing};

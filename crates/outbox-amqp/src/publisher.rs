@@ -2,6 +2,7 @@
 
 use crate::broker::{Link, Routing};
 use crate::message::{check_body, properties};
+use crate::span::PublishSpan;
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation};
@@ -77,28 +78,38 @@ impl EventPublisher for AmqpPublisher {
         .map_err(|_| PublishError::Timeout(timeout))?
         .map_err(PublishError::Channel)?;
         let properties = properties(record, &settings.message, &routing.key_header)?;
-        let channel = timeout_at(deadline, self.channel())
-            .await
-            .map_err(|_| PublishError::Timeout(timeout))??;
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
+        let (properties, span) = PublishSpan::start(record, exchange, &routing_key, properties);
+        let handed_off = async {
+            let channel = timeout_at(deadline, self.channel())
+                .await
+                .map_err(|_| PublishError::Timeout(timeout))??;
+            let options = BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            };
+            let handed_off = channel.basic_publish(
+                exchange.into(),
+                routing_key.as_str().into(),
+                options,
+                &record.envelope,
+                properties,
+            );
+            timeout_at(deadline, handed_off)
+                .await
+                .map_err(|_| PublishError::Timeout(timeout))?
+                .map_err(channel_error)
         };
-        let handed_off = channel.basic_publish(
-            exchange.into(),
-            routing_key.as_str().into(),
-            options,
-            &record.envelope,
-            properties,
-        );
-        let confirm = timeout_at(deadline, handed_off)
-            .await
-            .map_err(|_| PublishError::Timeout(timeout))?
-            .map_err(channel_error)?;
+        let confirm = match handed_off.await {
+            Ok(confirm) => confirm,
+            Err(error) => {
+                span.end(Err(&error));
+                return Err(error);
+            }
+        };
         let exchange = exchange.to_owned();
         let link = Arc::clone(&self.link);
         Ok(Box::pin(async move {
-            match timeout_at(deadline, confirm).await {
+            let outcome = match timeout_at(deadline, confirm).await {
                 Err(_) => Err(PublishError::Timeout(timeout)),
                 Ok(Err(error)) => {
                     if error.to_string().contains("NOT_FOUND") {
@@ -120,7 +131,9 @@ impl EventPublisher for AmqpPublisher {
                 Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::Channel(
                     "the channel is not in confirm mode".into(),
                 )),
-            }
+            };
+            span.end(outcome.as_ref().map(|_| ()));
+            outcome
         }))
     }
 

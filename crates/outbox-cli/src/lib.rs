@@ -5,6 +5,7 @@
 //! - [`settings`]: layered settings and their validation.
 //! - [`secrets`]: passwords from settings or files, and scrubbing them from output.
 //! - [`telemetry`]: the tracing subscriber.
+//! - [`traces`]: OpenTelemetry spans exported over OTLP (feature `otel`).
 //! - [`startup`]: opening the store and the broker, starting the relay.
 //! - [`signals`]: the stop signals (SIGINT, SIGTERM).
 //! - [`endpoint`]: the metrics and health endpoint of `run` (`/metrics`, `/healthz`,
@@ -19,6 +20,7 @@ pub mod settings;
 pub mod signals;
 pub mod startup;
 pub mod telemetry;
+pub mod traces;
 
 use clap::{CommandFactory as _, FromArgMatches as _};
 use cli::Cli;

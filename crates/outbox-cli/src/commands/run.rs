@@ -4,6 +4,7 @@ use crate::endpoint::Endpoint;
 use crate::settings::Config;
 use crate::signals::StopSignals;
 use crate::startup::{open_broker, open_outboxes, start_relays};
+use crate::traces::Traces;
 use anyhow::{bail, Context as _};
 use tracing::{info, warn};
 
@@ -16,6 +17,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(listen) => Some(Endpoint::start(listen, &config.relay.node_id)?),
         None => None,
     };
+    // Before the publishers start, so that every message gets its span.
+    let traces = Traces::start(config.otlp_traces_url.as_deref(), &config.relay.node_id)?;
     let outboxes = open_outboxes(&config, config.database.migrate_on_start).await?;
     let broker = open_broker(&config).await?;
     let relays = start_relays(&config, &outboxes, &broker).await?;
@@ -45,6 +48,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     broker.close().await;
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
     if let Some(endpoint) = endpoint {
         endpoint.stop().await;
     }

@@ -28,6 +28,8 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// `relay.max_pending_age`, checked by the endpoint's probe; `None` when off.
     pub max_pending_age: Option<MaxPendingAge>,
+    /// Where publish spans go (OTLP/HTTP, the full `…/v1/traces` URL); `None`: no spans.
+    pub otlp_traces_url: Option<String>,
     /// Settings replaced by defaults (zero values), to log once telemetry is up.
     pub warnings: Vec<String>,
     /// The settings as loaded (for `check-config`, after redaction).

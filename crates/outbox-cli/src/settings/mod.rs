@@ -27,6 +27,7 @@ pub use load::ENV_PREFIX;
 pub use shape::{
     AmqpSection, ColumnsSettings, DatabaseSettings, LogSettings, MetricsSettings,
     OutboxColumnsSettings, OutboxSettings, RelaySettings, RouteSettings, Settings,
+    TelemetrySettings,
 };
 pub use validate::default_node_id;
 

@@ -22,6 +22,8 @@ pub struct Settings {
     pub log: LogSettings,
     /// `[metrics]`
     pub metrics: MetricsSettings,
+    /// `[telemetry]`
+    pub telemetry: TelemetrySettings,
     /// `[[outboxes]]`; empty: one outbox from `database.table`, `[database.columns]` and
     /// `[amqp]`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -238,6 +240,15 @@ pub struct MetricsSettings {
     pub listen: Field<SocketAddr>,
 }
 
+/// `[telemetry]`
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// The OpenTelemetry collector's OTLP/HTTP URL (`http://collector:4318`): a span per
+    /// published event is sent there. Blank: no spans. Builds with the `otel` feature only.
+    pub otlp_endpoint: String,
+}
+
 impl Default for DatabaseSettings {
     fn default() -> Self {
         Self {
@@ -340,6 +351,7 @@ impl Settings {
         shown.amqp.url = redact_url(&self.amqp.url);
         shown.amqp.password = masked(&self.amqp.password).into();
         shown.relay.node_id = node_id.into();
+        shown.telemetry.otlp_endpoint = redact_url(&self.telemetry.otlp_endpoint);
         for outbox in &mut shown.outboxes {
             outbox.database_url = redact_url(&outbox.database_url);
         }
@@ -349,6 +361,14 @@ impl Settings {
 
 // Debug by hand for the sections that hold secrets, so `{:?}` of the settings (or of a
 // Config) can be logged: URLs redacted, passwords shown as set or not.
+impl std::fmt::Debug for TelemetrySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelemetrySettings")
+            .field("otlp_endpoint", &redact_url(&self.otlp_endpoint))
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for DatabaseSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatabaseSettings")

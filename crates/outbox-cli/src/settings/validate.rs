@@ -8,6 +8,7 @@ use super::field::Span;
 use super::outboxes::{self, database_columns, Inherited, DATABASE_SCHEMES};
 use super::shape::{
     AmqpSection, DatabaseSettings, LogSettings, MetricsSettings, RelaySettings, Settings,
+    TelemetrySettings,
 };
 use super::ConfigError;
 use crate::secrets::{self, redact_url, Secrets};
@@ -35,6 +36,7 @@ impl Settings {
             .validate(&mut report.section("amqp"), relay.as_ref());
         let log = self.log.validate(&mut report.section("log"));
         let metrics_listen = self.metrics.validate(&mut report.section("metrics"));
+        let otlp_traces_url = self.telemetry.validate(&mut report.section("telemetry"));
         // The entries inherit from the sections above, so they are checked once those are
         // valid (an entry's problems would otherwise repeat theirs).
         let outboxes = match (&database, &amqp, &relay) {
@@ -56,6 +58,7 @@ impl Settings {
             Some(metrics_listen),
             Some(outboxes),
             Some(max_pending_age),
+            Some(otlp_traces_url),
         ) = (
             database,
             amqp,
@@ -64,6 +67,7 @@ impl Settings {
             metrics_listen,
             outboxes,
             max_pending_age,
+            otlp_traces_url,
         )
         else {
             return Err(report.errors);
@@ -85,6 +89,7 @@ impl Settings {
                     Some(&database.url),
                     database.listen_url.as_ref(),
                     Some(&amqp.url),
+                    otlp_traces_url.as_ref(),
                 ]
                 .into_iter()
                 .flatten()
@@ -98,6 +103,7 @@ impl Settings {
             log,
             metrics_listen,
             max_pending_age,
+            otlp_traces_url,
             warnings: report.warnings,
         })
     }
@@ -397,6 +403,36 @@ impl MetricsSettings {
                 Some("an address such as \"127.0.0.1:9187\", or \"\" to disable the endpoint"),
             )
             .map(Some)
+    }
+}
+
+impl TelemetrySettings {
+    /// The URL spans are sent to; `None` when blank (no spans).
+    fn validate(&self, check: &mut Section<'_>) -> Option<Option<String>> {
+        let endpoint = self.otlp_endpoint.trim();
+        if endpoint.is_empty() {
+            return Some(None);
+        }
+        if !cfg!(feature = "otel") {
+            return check.reject(
+                "otlp_endpoint",
+                redact_url(endpoint),
+                "\"\" in this build, which has no OpenTelemetry: build outbox-cli with \
+                 `--features otel` (the release and container builds do)",
+            );
+        }
+        let key = check.key("otlp_endpoint");
+        let (url, _) = check.take(url_setting(&key, endpoint, &["http", "https"]))?;
+        let url = url::Url::parse(&url).ok()?;
+        if !url.username().is_empty() || url.password().is_some() {
+            return check.reject(
+                "otlp_endpoint",
+                redact_url(endpoint),
+                "a URL without credentials: the exporter sends the headers of \
+                 OTEL_EXPORTER_OTLP_HEADERS (e.g. `authorization=Basic …`)",
+            );
+        }
+        Some(Some(crate::traces::traces_url(&url)))
     }
 }
 

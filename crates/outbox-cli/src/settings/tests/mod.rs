@@ -394,6 +394,48 @@ fn bad_metrics_address_is_rejected_and_blank_disables_the_endpoint() {
 }
 
 #[test]
+fn the_otlp_endpoint_is_off_by_default_and_needs_an_http_url_and_the_otel_feature() {
+    let traces = |toml: &str| load(toml, &[]).map(|config| config.otlp_traces_url);
+    assert_eq!(traces("").unwrap(), None, "off by default");
+    assert_eq!(traces("[telemetry]\notlp_endpoint = \" \"").unwrap(), None);
+    let set = "[telemetry]\notlp_endpoint = \"http://collector:4318\"";
+    if cfg!(feature = "otel") {
+        assert_eq!(
+            traces(set).unwrap().as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        let error = traces("[telemetry]\notlp_endpoint = \"grpc://collector:4317\"").unwrap_err();
+        assert!(
+            error.contains("telemetry.otlp_endpoint") && error.contains("http://"),
+            "{error}"
+        );
+    } else {
+        let error = traces(set).unwrap_err();
+        assert!(
+            error.contains("telemetry.otlp_endpoint") && error.contains("--features otel"),
+            "a build without OpenTelemetry says so: {error}"
+        );
+    }
+    let error = load(
+        "",
+        &[(
+            "OUTBOX_RELAY__TELEMETRY__OTLP_ENDPOINT",
+            "http://u:secret@collector:4318",
+        )],
+    )
+    .unwrap_err();
+    assert!(error.contains("telemetry.otlp_endpoint"), "{error}");
+    if cfg!(feature = "otel") {
+        assert!(error.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{error}");
+    }
+    let text = error;
+    assert!(
+        !text.contains("secret"),
+        "the password is never shown: {text}"
+    );
+}
+
+#[test]
 fn blank_retry_strategy_means_the_default() {
     let config = load("[relay]\nretry_strategy = \" \"", &[]).unwrap();
     assert_eq!(
