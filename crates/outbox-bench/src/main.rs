@@ -6,6 +6,7 @@
 mod baseline;
 mod consumer;
 mod idle;
+mod otlp_sink;
 mod process;
 mod scenario;
 
@@ -35,6 +36,9 @@ enum Scenario {
     /// The consumer child of `drain` and `latency` (started by them).
     #[command(hide = true)]
     Consume(consumer::ConsumeArgs),
+    /// The OTLP receiver child of `drain --otlp` (started by it).
+    #[command(hide = true)]
+    OtlpSink(otlp_sink::SinkArgs),
 }
 
 /// `baseline` options.
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
             Scenario::Matrix(args) => scenario::matrix(args).await,
             Scenario::Idle(args) => idle::run(args).await,
             Scenario::Consume(args) => consumer::run(args).await,
+            Scenario::OtlpSink(args) => otlp_sink::run(args).await,
         }
     });
     match result {

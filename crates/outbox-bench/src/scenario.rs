@@ -3,12 +3,14 @@
 //! exchange.
 
 use crate::consumer::{unix_nanos, Consume, ConsumerProcess};
+use crate::otlp_sink::SinkProcess;
 use crate::{baseline, process};
 use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
 use outbox_amqp::tap::{delete_exchange, delete_queue};
 use outbox_cli::settings::{Config, OutboxSettings, Settings};
 use outbox_cli::startup::{open_broker, open_outboxes, start_relay, start_relays, OpenOutbox};
+use outbox_cli::traces::Traces;
 use outbox_store::{insert_events, NewEvent, SeaOrmStore};
 use sea_orm::{ConnectionTrait as _, Statement};
 use std::time::{Duration, Instant};
@@ -60,6 +62,10 @@ pub struct DrainArgs {
     /// nobody has consumed yet only once it is on disk, so confirms come later.
     #[arg(long)]
     consume_after: bool,
+    /// With a span per event exported over OTLP to a sink process (`telemetry.otlp_endpoint`;
+    /// needs `--features otel`): the cost of tracing.
+    #[arg(long)]
+    otlp: bool,
 }
 
 /// `matrix` options: `drain` over publishers × batch sizes.
@@ -305,6 +311,17 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
         "drain: {backend}, {} events, {} rooms, {} outbox(es) with {} publishers each, batch {}, ordering {}",
         args.events, args.rooms, args.outboxes, args.publishers, args.batch_size, args.ordering
     );
+    // One sink and one exporter for every run: spans of a run still queued when it ends
+    // leave during the next (a second, at most: the exporter's batch delay).
+    let tracing = match args.otlp {
+        true => {
+            let sink = SinkProcess::start()?;
+            let traces = Traces::start(Some(&format!("{}/v1/traces", sink.endpoint)), "bench")?
+                .context("an exporter")?;
+            Some((sink, traces))
+        }
+        false => None,
+    };
     let mut runs = Vec::with_capacity(args.runs);
     for _ in 0..args.runs.max(1) {
         let run = drain_once(&args).await?;
@@ -344,6 +361,20 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
         );
         println!("{json}");
     }
+    if let Some((sink, traces)) = tracing {
+        traces.shutdown().await;
+        let (spans, bytes) = sink.finish()?;
+        let events = args.events * args.runs.max(1);
+        println!(
+            "  spans exported: {spans} for {events} events ({:.0} bytes of OTLP per span)",
+            bytes as f64 / spans.max(1) as f64
+        );
+        println!(
+            "{}",
+            serde_json::json!({"scenario": "drain", "otlp_spans": spans, "events": events,
+                "otlp_bytes_per_span": (bytes as f64 / spans.max(1) as f64).round()})
+        );
+    }
     println!(
         "  (events/s: relay start → every event confirmed by the broker and marked; CPU and \
          RSS: the relay's process; a consumer in its own process checks that every event \
@@ -363,7 +394,7 @@ fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
         "cpu_us_per_event": round(pick(|r| r.cpu_us), 1),
         "peak_rss_mib": round(pick(|r| r.rss_mib), 1),
         "duplicates": runs.iter().map(|r| r.duplicates).sum::<usize>(),
-        "consume_after": args.consume_after, "outboxes": args.outboxes,
+        "consume_after": args.consume_after, "outboxes": args.outboxes, "otlp": args.otlp,
     });
     if runs.iter().all(|r| r.baseline.is_some()) && !runs.is_empty() {
         json["baseline_events_per_sec"] = pick(|r| r.baseline.unwrap_or(0.0)).round().into();
@@ -479,6 +510,7 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<()> {
                 runs: args.runs,
                 consume_after: false,
                 outboxes: 1,
+                otlp: false,
             };
             let mut runs = Vec::with_capacity(args.runs);
             for _ in 0..args.runs.max(1) {
