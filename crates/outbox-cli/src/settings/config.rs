@@ -28,6 +28,9 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// `relay.max_pending_age`, checked by the endpoint's probe; `None` when off.
     pub max_pending_age: Option<MaxPendingAge>,
+    /// `relay.startup_timeout`: how long `run` waits at start for an unreachable database
+    /// or broker; `None`: as long as it takes.
+    pub startup_timeout: Option<std::time::Duration>,
     /// Settings replaced by defaults (zero values), to log once telemetry is up.
     pub warnings: Vec<String>,
     /// The settings as loaded (for `check-config`, after redaction).

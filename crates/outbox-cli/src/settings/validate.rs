@@ -30,6 +30,7 @@ impl Settings {
         // Before [amqp], whose messages carry the node id and the publish timeout.
         let relay = self.relay.validate(&mut report.section("relay"));
         let max_pending_age = self.relay.max_pending_age(&mut report.section("relay"));
+        let startup_timeout = self.relay.startup_timeout(&mut report.section("relay"));
         let amqp = self
             .amqp
             .validate(&mut report.section("amqp"), relay.as_ref());
@@ -56,6 +57,7 @@ impl Settings {
             Some(metrics_listen),
             Some(outboxes),
             Some(max_pending_age),
+            Some(startup_timeout),
         ) = (
             database,
             amqp,
@@ -64,6 +66,7 @@ impl Settings {
             metrics_listen,
             outboxes,
             max_pending_age,
+            startup_timeout,
         )
         else {
             return Err(report.errors);
@@ -98,6 +101,7 @@ impl Settings {
             log,
             metrics_listen,
             max_pending_age,
+            startup_timeout,
             warnings: report.warnings,
         })
     }
@@ -285,6 +289,30 @@ impl RelaySettings {
             age,
             readiness: self.max_pending_age_readiness,
         }))
+    }
+}
+
+impl RelaySettings {
+    /// `startup_timeout`: `Some(None)` (wait as long as it takes) when blank, or zero with
+    /// a warning (the project's rule for zero durations; `"1s"` is the way to fail fast).
+    fn startup_timeout(&self, check: &mut Section<'_>) -> Option<Option<Duration>> {
+        if self.startup_timeout.is_blank() {
+            return Some(None);
+        }
+        let Span(bound) = check.parse(
+            "startup_timeout",
+            &self.startup_timeout,
+            Some(
+                "a duration such as \"30s\" or \"5m\", or \"\" to wait for the database \
+                 and the broker as long as it takes",
+            ),
+        )?;
+        Some(check.or_default(
+            "startup_timeout",
+            Some(bound),
+            None,
+            "\"\" (wait as long as it takes)",
+        ))
     }
 }
 
