@@ -125,7 +125,7 @@ impl Wait<'_> {
                 retry_in = %humantime::format_duration(round_to_ms(delay)),
                 "{} is not usable yet; trying again", self.dependency
             );
-            last = Some(reason);
+            last = Some(format!("{error:#}"));
             match self.patience {
                 Patience::Until { deadline, .. } if Instant::now() + delay >= deadline => {
                     tokio::time::sleep_until(deadline).await;
