@@ -114,27 +114,50 @@ async fn comes_up_when_it_returns(backend: Backend, down: Down) {
     // for the database, 3.2 s for the broker) as it would in a real one.
     let line = tried(&relay, down.label(), 5).await;
     assert!(
-        line["url"].as_str().is_some_and(|url| url.contains(&proxy.addr.to_string())),
+        line["url"]
+            .as_str()
+            .is_some_and(|url| url.contains(&proxy.addr.to_string())),
         "names where: {line}"
     );
-    assert!(line["reason"].as_str().is_some_and(|reason| !reason.is_empty()), "{line}");
-    assert!(line["retry_in"].as_str().is_some(), "names the next delay: {line}");
+    assert!(
+        line["reason"]
+            .as_str()
+            .is_some_and(|reason| !reason.is_empty()),
+        "{line}"
+    );
+    assert!(
+        line["retry_in"].as_str().is_some(),
+        "names the next delay: {line}"
+    );
     assert_eq!(
         get(address, "/readyz").await,
-        (503, format!("not ready: waiting for the {}\n", down.label())),
+        (
+            503,
+            format!("not ready: waiting for the {}\n", down.label())
+        ),
     );
     assert_eq!(get(address, "/healthz").await.0, 200, "alive while waiting");
     let metrics = get(address, "/metrics").await.1;
     assert_eq!(up(&metrics, down.label()), Some(0.0), "{metrics}");
     if down == Down::Broker {
-        assert_eq!(up(&metrics, "database"), Some(1.0), "the database is up: {metrics}");
+        assert_eq!(
+            up(&metrics, "database"),
+            Some(1.0),
+            "the database is up: {metrics}"
+        );
     }
-    assert!(app.broker.received().is_empty(), "nothing delivered while down");
+    assert!(
+        app.broker.received().is_empty(),
+        "nothing delivered while down"
+    );
 
     proxy.restore();
     let restored = Instant::now();
-    app.expect_every_event(&format!("{backend:?}, {} down at start", down.label()), &seeded)
-        .await;
+    app.expect_every_event(
+        &format!("{backend:?}, {} down at start", down.label()),
+        &seeded,
+    )
+    .await;
     let first = app
         .broker
         .received()
@@ -215,8 +238,14 @@ async fn a_database_refusing_the_login_or_the_database_name_exits_2_at_once(back
     let app = TestApp::on(backend).build().await;
     let (login, database) = match backend {
         // The test server trusts every local login, so an unknown role is the refusal.
-        Backend::Postgres => ("postgres://no_such_role@127.0.0.1:5432/test", "postgres://postgres@127.0.0.1:5432/no_such_db"),
-        _ => ("mysql://no_such_user:wrong-pw@127.0.0.1:3306/test", "mysql://root@127.0.0.1:3306/no_such_db"),
+        Backend::Postgres => (
+            "postgres://no_such_role@127.0.0.1:5432/test",
+            "postgres://postgres@127.0.0.1:5432/no_such_db",
+        ),
+        _ => (
+            "mysql://no_such_user:wrong-pw@127.0.0.1:3306/test",
+            "mysql://root@127.0.0.1:3306/no_such_db",
+        ),
     };
     let settings = app.settings_with(|settings| settings.database.url = login.into());
     exits_2_at_once("a login the database refuses", &settings, "no_such");
@@ -268,7 +297,11 @@ async fn startup_timeout_exceeded_exits_1_naming_the_setting(backend: Backend) {
             && stderr.contains("relay.startup_timeout"),
         "{stderr}"
     );
-    assert!(proxy.refused() >= 2, "tried more than once: {}", proxy.refused());
+    assert!(
+        proxy.refused() >= 2,
+        "tried more than once: {}",
+        proxy.refused()
+    );
     app.teardown().await;
 }
 outbox_tests::per_backend!(startup_timeout_exceeded_exits_1_naming_the_setting: postgres, mariadb);
@@ -293,7 +326,9 @@ async fn sqlite_waits_for_its_directory_to_appear() {
     let relay = RelayProcess::spawn(crate::RELAY, &settings);
     let line = tried(&relay, "database", 2).await;
     assert!(
-        line["reason"].as_str().is_some_and(|reason| reason.contains("unable to open")),
+        line["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("unable to open")),
         "{line}"
     );
 
@@ -303,7 +338,9 @@ async fn sqlite_waits_for_its_directory_to_appear() {
         std::future::ready(relay.log_text().contains("relay started"))
     })
     .await;
-    let db = outbox_store::connect(&url, 1).await.expect("database opens");
+    let db = outbox_store::connect(&url, 1)
+        .await
+        .expect("database opens");
     let table = outbox_store::TableName::parse("room_outbox").expect("a name");
     let events = room_events("volume", 50, 5);
     outbox_store::insert_events(&db, &table, &events)
@@ -331,11 +368,15 @@ async fn migrate_waits_for_the_database_and_status_does_not() {
     let started = Instant::now();
     // Off this thread, which runs the proxy.
     let one_shot = settings.clone();
-    let status = tokio::task::spawn_blocking(move || run_binary(crate::RELAY, &one_shot, &["status"]))
-        .await
-        .expect("the binary ran");
+    let status =
+        tokio::task::spawn_blocking(move || run_binary(crate::RELAY, &one_shot, &["status"]))
+            .await
+            .expect("the binary ran");
     assert_eq!(status.status.code(), Some(1), "{status:?}");
-    assert!(started.elapsed() < Duration::from_secs(3), "status fails fast");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "status fails fast"
+    );
     assert_eq!(proxy.refused(), 1, "one try");
 
     let log = std::env::temp_dir().join(format!("{}.log", unique_name("migrate")));
@@ -352,7 +393,10 @@ async fn migrate_waits_for_the_database_and_status_does_not() {
         std::future::ready(log_text().matches("not usable yet; trying again").count() >= 2)
     })
     .await;
-    assert!(migrate.try_wait().expect("status").is_none(), "still waiting");
+    assert!(
+        migrate.try_wait().expect("status").is_none(),
+        "still waiting"
+    );
     proxy.restore();
     let mut exit = None;
     eventually("migrate to finish", Duration::from_secs(30), || {

@@ -329,10 +329,13 @@ impl Endpoint {
     /// before it are up: the database before the broker.
     pub fn waiting_for(&self, dependency: Option<Dependency>) {
         if dependency == Some(Dependency::Broker) {
-            metrics::gauge!(instruments::UP, "dependency" => Dependency::Database.label())
-                .set(1.0);
+            metrics::gauge!(instruments::UP, "dependency" => Dependency::Database.label()).set(1.0);
         }
-        *self.health.waiting.lock().unwrap_or_else(|e| e.into_inner()) = dependency;
+        *self
+            .health
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = dependency;
     }
 
     /// The graceful shutdown has begun: `/readyz` answers 503 from now on, while

@@ -36,10 +36,7 @@ pub fn classify(error: &anyhow::Error) -> Verdict {
     if error.downcast_ref::<ConfigProblem>().is_some() {
         return Verdict::Refused;
     }
-    error
-        .chain()
-        .find_map(cause)
-        .unwrap_or(Verdict::Fatal)
+    error.chain().find_map(cause).unwrap_or(Verdict::Fatal)
 }
 
 /// The verdict on one cause, when its type is one this module knows.
@@ -122,8 +119,7 @@ fn sqlx_error(error: &sqlx::Error) -> Verdict {
 
 /// An error the database server sent, by backend.
 fn database_error(error: &dyn sqlx::error::DatabaseError) -> Verdict {
-    let verdict = if let Some(error) = error.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
-    {
+    let verdict = if let Some(error) = error.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
         postgres(error.code())
     } else if let Some(error) = error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
         mysql(error.number())
@@ -210,9 +206,7 @@ fn lapin_error(error: &lapin::Error) -> Verdict {
         ErrorKind::InvalidConnectionState(_)
         | ErrorKind::InvalidChannelState(..)
         | ErrorKind::MissingHeartbeatError => Verdict::Transient(error.to_string()),
-        ErrorKind::AuthProviderError(_) | ErrorKind::InvalidProtocolVersion(_) => {
-            Verdict::Refused
-        }
+        ErrorKind::AuthProviderError(_) | ErrorKind::InvalidProtocolVersion(_) => Verdict::Refused,
         _ => Verdict::Fatal,
     }
 }
@@ -234,8 +228,8 @@ fn io_error(error: &io::Error) -> Verdict {
     use io::ErrorKind::*;
     let transient = match error.kind() {
         ConnectionRefused | ConnectionReset | ConnectionAborted | NotConnected | BrokenPipe
-        | TimedOut | UnexpectedEof | AddrNotAvailable | HostUnreachable
-        | NetworkUnreachable | NetworkDown | Interrupted | WouldBlock => true,
+        | TimedOut | UnexpectedEof | AddrNotAvailable | HostUnreachable | NetworkUnreachable
+        | NetworkDown | Interrupted | WouldBlock => true,
         // rustls reports a rejected certificate as invalid data.
         InvalidData => return Verdict::Refused,
         // The standard library's resolver (getaddrinfo): the name does not resolve yet,
@@ -298,9 +292,9 @@ mod tests {
     fn sqlx_giving_up_on_a_refusing_server_is_waited_for() {
         let reason = transient(classify(&connect_error(sqlx::Error::PoolTimedOut)));
         assert!(reason.contains("connect timeout"), "{reason}");
-        let acquire = anyhow::Error::new(outbox_store::Error::Database(
-            DbErr::ConnectionAcquire(ConnAcquireErr::Timeout),
-        ));
+        let acquire = anyhow::Error::new(outbox_store::Error::Database(DbErr::ConnectionAcquire(
+            ConnAcquireErr::Timeout,
+        )));
         transient(classify(&acquire));
     }
 

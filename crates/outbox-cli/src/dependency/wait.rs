@@ -112,9 +112,7 @@ impl Wait<'_> {
                 Err(error) => error,
             };
             let reason = match (classify(&error), self.patience) {
-                (Verdict::Transient(reason), Patience::Until { .. } | Patience::Forever) => {
-                    reason
-                }
+                (Verdict::Transient(reason), Patience::Until { .. } | Patience::Forever) => reason,
                 _ => return Err(error),
             };
             let delay = self.backoff.next_delay();
@@ -204,9 +202,7 @@ mod tests {
         let error = wait(Patience::Forever)
             .until_up(|| {
                 tries.set(tries.get() + 1);
-                async {
-                    Err::<(), _>(anyhow::Error::new(outbox_store::Error::InvalidUrl))
-                }
+                async { Err::<(), _>(anyhow::Error::new(outbox_store::Error::InvalidUrl)) }
             })
             .await
             .unwrap_err();
@@ -253,7 +249,7 @@ mod tests {
         // A try that hangs is cut off at the deadline too.
         let patience = Patience::from_now(Some(Duration::from_millis(50)), "migrate --wait");
         let error = wait(patience)
-            .until_up(|| std::future::pending::<anyhow::Result<()>>())
+            .until_up(std::future::pending::<anyhow::Result<()>>)
             .await
             .unwrap_err();
         assert!(error.is::<StartupTimeout>(), "{error:#}");

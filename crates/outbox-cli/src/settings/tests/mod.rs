@@ -149,7 +149,11 @@ fn a_bad_or_zero_max_pending_age_is_named() {
 
 #[test]
 fn startup_timeout_is_off_by_default_and_a_duration_when_set() {
-    assert_eq!(load("", &[]).unwrap().startup_timeout, None, "waits forever");
+    assert_eq!(
+        load("", &[]).unwrap().startup_timeout,
+        None,
+        "waits forever"
+    );
     let config = load("[relay]\nstartup_timeout = \"45s\"", &[]).unwrap();
     assert_eq!(config.startup_timeout, Some(Duration::from_secs(45)));
     let config = load("", &[("OUTBOX_RELAY__RELAY__STARTUP_TIMEOUT", "2m")]).unwrap();
