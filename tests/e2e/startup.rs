@@ -113,6 +113,7 @@ async fn comes_up_when_it_returns(backend: Backend, down: Down) {
     // Five tries: an outage of a few seconds, so the backoff's step has grown (to 1.6 s
     // for the database, 3.2 s for the broker) as it would in a real one.
     let line = tried(&relay, down.label(), 5).await;
+    eprintln!("{backend:?}, {} down: {line}", down.label());
     assert!(
         line["url"]
             .as_str()
@@ -266,6 +267,13 @@ async fn a_broker_refusing_the_password_or_the_vhost_exits_2_at_once() {
         settings.amqp.url = "amqp://guest:guest@127.0.0.1:5672/no_such_vhost".into();
     });
     exits_2_at_once("an unknown vhost", &settings, "no_such_vhost");
+    // The test's exchange exists as a topic exchange.
+    let settings = app.settings_with(|settings| settings.amqp.exchange_type = "direct".into());
+    exits_2_at_once(
+        "an exchange declared with another type",
+        &settings,
+        "PRECONDITION_FAILED",
+    );
     app.teardown().await;
 }
 
