@@ -15,16 +15,9 @@ pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
         wait if wait.is_zero() => Patience::None,
         wait => Patience::from_now(Some(wait), "migrate --wait"),
     };
-    let selected = config.select_outboxes(args.outbox.as_deref());
-    let mut urls: Vec<&str> = Vec::new();
-    for outbox in selected.iter().flatten() {
-        if !urls.contains(&outbox.redacted_database_url.as_str()) {
-            urls.push(&outbox.redacted_database_url);
-        }
-    }
     let outboxes = Wait {
         dependency: Dependency::Database,
-        url: &urls.join(", "),
+        url: &config.redacted_database_urls(args.outbox.as_deref()),
         backoff: outbox_relay::fetcher::CLAIM_BACKOFF,
         patience,
     }

@@ -70,19 +70,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// Opens every outbox's database (migrating it when `database.migrate_on_start`), then the
 /// broker, each waited for while it is unreachable, within `relay.startup_timeout`
-/// altogether (`docs/operations.md#starting-while-the-database-or-broker-is-down`).
+/// altogether (`docs/operations.md#starting-while-the-database-or-the-broker-is-down`).
 async fn open_dependencies(
     config: &Config,
     endpoint: Option<&Endpoint>,
 ) -> anyhow::Result<(Vec<OpenOutbox>, Broker)> {
     let patience = Patience::from_now(config.startup_timeout, "relay.startup_timeout");
-    let mut urls: Vec<&str> = Vec::new();
-    for outbox in &config.outboxes {
-        if !urls.contains(&outbox.redacted_database_url.as_str()) {
-            urls.push(&outbox.redacted_database_url);
-        }
-    }
-    let urls = urls.join(", ");
+    let urls = config.redacted_database_urls(None);
     let waiting = |dependency| {
         if let Some(endpoint) = endpoint {
             endpoint.waiting_for(dependency);

@@ -155,6 +155,18 @@ impl Config {
         }
     }
 
+    /// The database URLs of the outboxes `selector` names (every one when `None`, none
+    /// when unknown), passwords masked, each once, joined by `, `: where the start waits.
+    pub fn redacted_database_urls(&self, selector: Option<&str>) -> String {
+        let mut urls: Vec<&str> = Vec::new();
+        for outbox in self.select_outboxes(selector).iter().flatten() {
+            if !urls.contains(&outbox.redacted_database_url.as_str()) {
+                urls.push(&outbox.redacted_database_url);
+            }
+        }
+        urls.join(", ")
+    }
+
     /// The outboxes' names, in settings order.
     pub fn outbox_names(&self) -> Vec<&str> {
         self.outboxes
