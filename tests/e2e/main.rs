@@ -35,6 +35,10 @@ mod secrets;
 mod settings;
 /// SIGTERM on the real binary.
 mod shutdown;
+/// Starting while the database or the broker is down: waiting with backoff, `/readyz`,
+/// SIGTERM, `relay.startup_timeout`, refusals of the settings (exit code 2), `migrate
+/// --wait`; on PostgreSQL, MariaDB and SQLite (a directory that appears).
+mod startup;
 /// The store's own guarantees (last_error trimming, leases, claims, migrations).
 mod store;
 /// `amqps://` through a TLS proxy with a custom CA; PostgreSQL's `sslmode`.

@@ -98,6 +98,8 @@ async fn a_database_connection_error_names_no_password() {
     let port = closed_port();
     let settings = test_settings(&database, &broker, |settings| {
         settings.database.url = format!("postgres://postgres:{PASSWORD}@127.0.0.1:{port}/test");
+        // Refused is a failure `run` waits out; the bound makes it give up.
+        settings.relay.startup_timeout = "1s".into();
     });
 
     let mut relay = RelayProcess::spawn(crate::RELAY, &settings);
@@ -125,6 +127,7 @@ async fn a_broker_connection_error_names_no_password_from_a_file() {
         settings.amqp.url = format!("amqp://guest@127.0.0.1:{port}/%2f");
         settings.amqp.password_file = password_file.display().to_string();
         settings.log.level = "debug,amq_protocol_tcp=trace".into();
+        settings.relay.startup_timeout = "1s".into();
     });
 
     let mut relay = RelayProcess::spawn(crate::RELAY, &settings);

@@ -53,7 +53,10 @@ pub enum Command {
     /// Run the relay until SIGINT or SIGTERM.
     ///
     /// Connects to the database (migrating the table first when database.migrate_on_start)
-    /// and to RabbitMQ, then publishes pending rows and records each outcome. The first
+    /// and to RabbitMQ, then publishes pending rows and records each outcome. While either
+    /// cannot be reached yet (refused, reset, not resolving, starting up) it keeps trying
+    /// with backoff, up to relay.startup_timeout (default: as long as it takes; then exit
+    /// code 1); a password, database or vhost they refuse is exit code 2 at once. The first
     /// SIGINT or SIGTERM shuts down gracefully: in-flight publishes finish, unstarted rows
     /// are released, exit code 0. A second signal, or relay.shutdown_timeout, forces the
     /// stop (exit code 1; leases then expire on their own).
@@ -129,6 +132,18 @@ pub struct MigrateArgs {
     /// Only this outbox (its name; default: every outbox).
     #[arg(long, value_name = "NAME")]
     pub outbox: Option<String>,
+    /// How long to wait for a database that cannot be reached yet (refused, reset, not
+    /// resolving, starting up), trying again with backoff; 0s: fail at once. A database
+    /// that refuses the settings (password, unknown database) fails at once all the same.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_wait)]
+    pub wait: Duration,
+}
+
+/// A duration, zero included (`migrate --wait 0s`: one try).
+fn parse_wait(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value.trim()).map_err(|error| {
+        format!("{error}; use a duration such as \"60s\" or \"5m\", or \"0s\" to fail at once")
+    })
 }
 
 /// A duration above zero: `purge --older-than 0s` would delete every published row, which

@@ -7,7 +7,9 @@
 //! - `GET /healthz`: 200 while the process runs (it answers, so it is alive).
 //! - `GET /readyz`: 200 while every outbox's database and the broker are usable (and, with
 //!   `relay.max_pending_age`, no outbox's oldest pending row is older than that, unless
-//!   `relay.max_pending_age_readiness` is off), else 503 with a line saying which is not.
+//!   `relay.max_pending_age_readiness` is off), else 503 with a line saying which is not;
+//!   while `run` waits for a dependency at start, `not ready: waiting for the database`
+//!   (or `the broker`).
 //!
 //! The actors record through the `metrics` facade (`outbox_relay::instruments`); this
 //! module installs the Prometheus recorder behind it and serves it with actix-web on a
@@ -16,6 +18,7 @@
 //! the database or the broker; the probe is a future polled beside the signal wait, dropped
 //! at the first signal so it cannot reconnect a broker the shutdown has closed.
 
+use crate::dependency::Dependency;
 use crate::settings::MaxPendingAge;
 use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpResponse, HttpServer};
@@ -75,6 +78,8 @@ struct Health {
     broker: AtomicBool,
     /// The graceful shutdown has begun: no longer relaying.
     stopping: AtomicBool,
+    /// `run` is waiting for this dependency at start.
+    waiting: Mutex<Option<Dependency>>,
     /// `backlog older than …` with the late outboxes, while `relay.max_pending_age` is
     /// breached and counts for readiness.
     late: Mutex<Option<String>>,
@@ -85,6 +90,9 @@ impl Health {
     fn problems(&self) -> Option<String> {
         if self.stopping.load(Ordering::Relaxed) {
             return Some("shutting down".into());
+        }
+        if let Some(dependency) = *self.waiting.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Some(format!("waiting for {dependency}"));
         }
         let mut problems = Vec::new();
         if !self.database.load(Ordering::Relaxed) {
@@ -317,6 +325,19 @@ impl Endpoint {
         }
     }
 
+    /// `run` waits for `dependency` at start (`None`: no longer): `/readyz` says so. Those
+    /// before it are up: the database before the broker.
+    pub fn waiting_for(&self, dependency: Option<Dependency>) {
+        if dependency == Some(Dependency::Broker) {
+            metrics::gauge!(instruments::UP, "dependency" => Dependency::Database.label()).set(1.0);
+        }
+        *self
+            .health
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = dependency;
+    }
+
     /// The graceful shutdown has begun: `/readyz` answers 503 from now on, while
     /// `/metrics` keeps answering until [`Endpoint::stop`].
     pub fn shutting_down(&self) {
@@ -393,6 +414,24 @@ mod tests {
         health.database.store(true, Ordering::Relaxed);
         health.stopping.store(true, Ordering::Relaxed);
         assert_eq!(health.problems().as_deref(), Some("shutting down"));
+    }
+
+    #[test]
+    fn while_waiting_at_start_readiness_names_the_dependency() {
+        let health = Health::default();
+        *health.waiting.lock().unwrap() = Some(Dependency::Database);
+        assert_eq!(
+            health.problems().as_deref(),
+            Some("waiting for the database")
+        );
+        *health.waiting.lock().unwrap() = Some(Dependency::Broker);
+        assert_eq!(health.problems().as_deref(), Some("waiting for the broker"));
+        *health.waiting.lock().unwrap() = None;
+        assert_eq!(
+            health.problems().as_deref(),
+            Some("database unreachable, broker unreachable"),
+            "not probed yet"
+        );
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - [`telemetry`]: the tracing subscriber.
 //! - [`traces`]: OpenTelemetry spans exported over OTLP (feature `otel`).
 //! - [`startup`]: opening the store and the broker, starting the relay.
+//! - [`dependency`]: waiting at start for the database and the broker, and which failures
+//!   to reach them a retry can fix.
 //! - [`signals`]: the stop signals (SIGINT, SIGTERM).
 //! - [`endpoint`]: the metrics and health endpoint of `run` (`/metrics`, `/healthz`,
 //!   `/readyz`).
@@ -14,6 +16,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod dependency;
 pub mod endpoint;
 pub mod secrets;
 pub mod settings;
@@ -83,7 +86,9 @@ pub fn main() -> ExitCode {
     let system = actix_rt::System::new();
     match system.block_on(commands::dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) if error.downcast_ref::<startup::ConfigProblem>().is_some() => {
+        // A bad mapping, or a database or broker refusing the settings (credentials, an
+        // unknown database or vhost, a certificate, an exchange of another type).
+        Err(error) if dependency::classify(&error) == dependency::Verdict::Refused => {
             let error = secrets.scrub(&format!("{error:#}"));
             tracing::error!(%error, "outbox-relay cannot run with these settings");
             eprintln!("error: {error}");

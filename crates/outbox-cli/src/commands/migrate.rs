@@ -1,14 +1,28 @@
-//! `outbox-relay migrate [--dry-run] [--outbox NAME]`.
+//! `outbox-relay migrate [--dry-run] [--outbox NAME] [--wait DURATION]`.
 
 use crate::cli::MigrateArgs;
+use crate::dependency::{Dependency, Patience, Wait};
 use crate::settings::Config;
 use crate::startup::{check_columns, migrate_table, open_unchecked};
 use anyhow::Context as _;
 
 /// Creates or upgrades each selected outbox's table and its indexes, then checks its
-/// mapping; with `--dry-run`, prints what it would do and changes nothing.
+/// mapping; with `--dry-run`, prints what it would do and changes nothing. Waits up to
+/// `--wait` for a database that cannot be reached yet (as an init container must, started
+/// beside the database).
 pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
-    let outboxes = open_unchecked(&config, args.outbox.as_deref()).await?;
+    let patience = match args.wait {
+        wait if wait.is_zero() => Patience::None,
+        wait => Patience::from_now(Some(wait), "migrate --wait"),
+    };
+    let outboxes = Wait {
+        dependency: Dependency::Database,
+        url: &config.redacted_database_urls(args.outbox.as_deref()),
+        backoff: outbox_relay::fetcher::CLAIM_BACKOFF,
+        patience,
+    }
+    .until_up(|| open_unchecked(&config, args.outbox.as_deref()))
+    .await?;
     for mut outbox in outboxes {
         let (name, table) = (&outbox.config.name, &outbox.config.table);
         if args.dry_run {

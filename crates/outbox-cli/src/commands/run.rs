@@ -1,15 +1,19 @@
 //! `outbox-relay run`: the service.
 
+use crate::dependency::{Dependency, Patience, Wait};
 use crate::endpoint::Endpoint;
 use crate::settings::Config;
 use crate::signals::StopSignals;
-use crate::startup::{open_broker, open_outboxes, start_relays};
+use crate::startup::{open_broker, open_outboxes, start_relays, OpenOutbox};
 use crate::traces::Traces;
 use anyhow::{bail, Context as _};
+use outbox_amqp::Broker;
 use tracing::{info, warn};
 
-/// Runs until SIGINT or SIGTERM, then shuts down gracefully (`docs/design.md#shutdown`); a
-/// second signal forces the stop. Serves metrics and health on `metrics.listen` meanwhile.
+/// Waits for the database and the broker while they are unreachable (within
+/// `relay.startup_timeout`), then runs until SIGINT or SIGTERM and shuts down gracefully
+/// (`docs/design.md#shutdown`); a second signal forces the stop. Serves metrics and health
+/// on `metrics.listen` meanwhile, from before the wait.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut signals = StopSignals::install().context("cannot install signal handlers")?;
     // Before the relay starts: its actors take their metric handles when they are built.
@@ -17,10 +21,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(listen) => Some(Endpoint::start(listen, &config.relay.node_id)?),
         None => None,
     };
+    // SIGINT or SIGTERM while waiting for the database or the broker ends the wait: there
+    // is nothing to drain yet.
+    let opened = tokio::select! {
+        opened = open_dependencies(&config, endpoint.as_ref()) => Some(opened?),
+        signal = signals.next() => {
+            info!(signal, "stop requested while waiting for the database or the broker");
+            None
+        }
+    };
+    let Some((outboxes, broker)) = opened else {
+        if let Some(endpoint) = endpoint {
+            endpoint.stop().await;
+        }
+        return Ok(());
+    };
     // Before the publishers start, so that every message gets its span.
     let traces = Traces::start(config.otlp_traces_url.as_deref(), &config.relay.node_id)?;
-    let outboxes = open_outboxes(&config, config.database.migrate_on_start).await?;
-    let broker = open_broker(&config).await?;
     let relays = start_relays(&config, &outboxes, &broker).await?;
     let stores: Vec<(&str, &outbox_store::SeaOrmStore)> = outboxes
         .iter()
@@ -55,4 +72,42 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         endpoint.stop().await;
     }
     Ok(())
+}
+
+/// Opens every outbox's database (migrating it when `database.migrate_on_start`), then the
+/// broker, each waited for while it is unreachable, within `relay.startup_timeout`
+/// altogether (`docs/operations.md#starting-while-the-database-or-the-broker-is-down`).
+async fn open_dependencies(
+    config: &Config,
+    endpoint: Option<&Endpoint>,
+) -> anyhow::Result<(Vec<OpenOutbox>, Broker)> {
+    let patience = Patience::from_now(config.startup_timeout, "relay.startup_timeout");
+    let urls = config.redacted_database_urls(None);
+    let waiting = |dependency| {
+        if let Some(endpoint) = endpoint {
+            endpoint.waiting_for(dependency);
+        }
+    };
+    waiting(Some(Dependency::Database));
+    let outboxes = Wait {
+        dependency: Dependency::Database,
+        url: &urls,
+        // The Fetcher's own steps for a database that stopped answering.
+        backoff: outbox_relay::fetcher::CLAIM_BACKOFF,
+        patience,
+    }
+    .until_up(|| open_outboxes(config, config.database.migrate_on_start))
+    .await?;
+    waiting(Some(Dependency::Broker));
+    let broker = Wait {
+        dependency: Dependency::Broker,
+        url: &config.amqp.redacted_url,
+        // The broker link's own reconnection steps.
+        backoff: outbox_amqp::broker::BACKOFF,
+        patience,
+    }
+    .until_up(|| async { open_broker(config).await })
+    .await?;
+    waiting(None);
+    Ok((outboxes, broker))
 }

@@ -30,6 +30,9 @@ pub struct Config {
     pub max_pending_age: Option<MaxPendingAge>,
     /// Where publish spans go (OTLP/HTTP, the full `…/v1/traces` URL); `None`: no spans.
     pub otlp_traces_url: Option<String>,
+    /// `relay.startup_timeout`: how long `run` waits at start for an unreachable database
+    /// or broker; `None`: as long as it takes.
+    pub startup_timeout: Option<std::time::Duration>,
     /// Settings replaced by defaults (zero values), to log once telemetry is up.
     pub warnings: Vec<String>,
     /// The settings as loaded (for `check-config`, after redaction).
@@ -152,6 +155,18 @@ impl Config {
                 )),
             },
         }
+    }
+
+    /// The database URLs of the outboxes `selector` names (every one when `None`, none
+    /// when unknown), passwords masked, each once, joined by `, `: where the start waits.
+    pub fn redacted_database_urls(&self, selector: Option<&str>) -> String {
+        let mut urls: Vec<&str> = Vec::new();
+        for outbox in self.select_outboxes(selector).iter().flatten() {
+            if !urls.contains(&outbox.redacted_database_url.as_str()) {
+                urls.push(&outbox.redacted_database_url);
+            }
+        }
+        urls.join(", ")
     }
 
     /// The outboxes' names, in settings order.

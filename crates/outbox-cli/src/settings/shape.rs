@@ -220,6 +220,9 @@ pub struct RelaySettings {
     pub max_pending_age: Field<Span>,
     /// Whether a breach of `max_pending_age` makes `/readyz` answer 503.
     pub max_pending_age_readiness: bool,
+    /// How long `run` waits at start for the database and the broker while they are
+    /// unreachable; blank or zero: as long as it takes.
+    pub startup_timeout: Field<Span>,
 }
 
 /// `[log]`
@@ -319,6 +322,7 @@ impl Default for RelaySettings {
             retention: "".into(),
             max_pending_age: "".into(),
             max_pending_age_readiness: true,
+            startup_timeout: "".into(),
         }
     }
 }

@@ -31,6 +31,7 @@ impl Settings {
         // Before [amqp], whose messages carry the node id and the publish timeout.
         let relay = self.relay.validate(&mut report.section("relay"));
         let max_pending_age = self.relay.max_pending_age(&mut report.section("relay"));
+        let startup_timeout = self.relay.startup_timeout(&mut report.section("relay"));
         let amqp = self
             .amqp
             .validate(&mut report.section("amqp"), relay.as_ref());
@@ -59,6 +60,7 @@ impl Settings {
             Some(outboxes),
             Some(max_pending_age),
             Some(otlp_traces_url),
+            Some(startup_timeout),
         ) = (
             database,
             amqp,
@@ -68,6 +70,7 @@ impl Settings {
             outboxes,
             max_pending_age,
             otlp_traces_url,
+            startup_timeout,
         )
         else {
             return Err(report.errors);
@@ -104,6 +107,7 @@ impl Settings {
             metrics_listen,
             max_pending_age,
             otlp_traces_url,
+            startup_timeout,
             warnings: report.warnings,
         })
     }
@@ -291,6 +295,30 @@ impl RelaySettings {
             age,
             readiness: self.max_pending_age_readiness,
         }))
+    }
+}
+
+impl RelaySettings {
+    /// `startup_timeout`: `Some(None)` (wait as long as it takes) when blank, or zero with
+    /// a warning (the project's rule for zero durations; `"1s"` is the way to fail fast).
+    fn startup_timeout(&self, check: &mut Section<'_>) -> Option<Option<Duration>> {
+        if self.startup_timeout.is_blank() {
+            return Some(None);
+        }
+        let Span(bound) = check.parse(
+            "startup_timeout",
+            &self.startup_timeout,
+            Some(
+                "a duration such as \"30s\" or \"5m\", or \"\" to wait for the database \
+                 and the broker as long as it takes",
+            ),
+        )?;
+        Some(check.or_default(
+            "startup_timeout",
+            Some(bound),
+            None,
+            "\"\" (wait as long as it takes)",
+        ))
     }
 }
 

@@ -148,6 +148,33 @@ fn a_bad_or_zero_max_pending_age_is_named() {
 }
 
 #[test]
+fn startup_timeout_is_off_by_default_and_a_duration_when_set() {
+    assert_eq!(
+        load("", &[]).unwrap().startup_timeout,
+        None,
+        "waits forever"
+    );
+    let config = load("[relay]\nstartup_timeout = \"45s\"", &[]).unwrap();
+    assert_eq!(config.startup_timeout, Some(Duration::from_secs(45)));
+    let config = load("", &[("OUTBOX_RELAY__RELAY__STARTUP_TIMEOUT", "2m")]).unwrap();
+    assert_eq!(config.startup_timeout, Some(Duration::from_secs(120)));
+}
+
+#[test]
+fn a_bad_or_zero_startup_timeout_is_named() {
+    let error = load("[relay]\nstartup_timeout = \"soon\"", &[]).unwrap_err();
+    assert!(
+        error.contains("relay.startup_timeout") && error.contains("soon"),
+        "{error}"
+    );
+    assert!(error.contains("30s"), "says what is accepted: {error}");
+    let config = load("[relay]\nstartup_timeout = \"0s\"", &[]).unwrap();
+    assert_eq!(config.startup_timeout, None, "zero is unset: wait forever");
+    let warnings = config.warnings.join("\n");
+    assert!(warnings.contains("relay.startup_timeout"), "{warnings}");
+}
+
+#[test]
 fn max_pending_age_without_the_endpoint_warns() {
     let config = load(
         "[relay]\nmax_pending_age = \"1m\"\n[metrics]\nlisten = \"\"",

@@ -105,6 +105,15 @@ key = "aggregateid"
     assert!(config.select_outboxes(Some("rooms")).is_ok());
     let unknown = config.select_outboxes(Some("nope")).unwrap_err();
     assert!(unknown.contains("orders_outbox, rooms"), "{unknown}");
+    // Where the start waits: each database once, masked.
+    assert_eq!(
+        config.redacted_database_urls(None),
+        "postgres://relay:***@db/app, postgres://other@db2/app2"
+    );
+    assert_eq!(
+        config.redacted_database_urls(Some("rooms")),
+        "postgres://other@db2/app2"
+    );
 }
 
 #[test]
