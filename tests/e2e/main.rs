@@ -1,6 +1,10 @@
 //! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary. Each test
 //! sets itself up with `outbox_tests::TestApp` (a table, an exchange, settings, a relay).
 
+/// RabbitMQ's memory alarm: publishing pauses without duplicates, the gauge and `/readyz`
+/// show it, SIGTERM during it still exits in time (skipped where `rabbitmqctl` cannot reach
+/// the broker).
+mod alarms;
 /// `--help` and `--version`.
 mod cli;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's

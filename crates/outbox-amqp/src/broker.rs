@@ -1,5 +1,6 @@
 //! One connection to RabbitMQ, its exchange topology, and confirm channels.
 
+use crate::blocking::Blocking;
 use crate::message::MessageSettings;
 use crate::publisher::AmqpPublisher;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -152,11 +153,16 @@ pub(crate) struct Link {
     /// the channel, failing every other publish in flight on it; checking an unknown
     /// exchange first, on a throwaway channel, keeps that failure to its own event.
     exchanges: std::sync::Mutex<HashSet<String>>,
+    /// Whether the broker blocks the current connection's publishers (a resource alarm).
+    blocking: Blocking,
 }
 
 #[derive(Debug)]
 struct LinkState {
     connection: Option<Arc<Connection>>,
+    /// Follows the current connection's `connection.blocked`/`unblocked`; aborted when the
+    /// connection is dropped.
+    follower: Option<tokio::task::JoinHandle<()>>,
     /// No reconnection attempt before this.
     next_attempt: Instant,
     /// Time between reconnection attempts.
@@ -196,11 +202,15 @@ impl Broker {
         } else {
             HashSet::new()
         };
+        let blocking = Blocking::default();
+        let follower = blocking.follow(&connection, &settings.redacted_url);
         let link = Link {
             exchanges: std::sync::Mutex::new(declared),
+            blocking,
             settings,
             state: Mutex::new(LinkState {
                 connection: Some(Arc::new(connection)),
+                follower: Some(follower),
                 next_attempt: Instant::now(),
                 backoff: BACKOFF,
                 usable: true,
@@ -234,6 +244,12 @@ impl Broker {
         self.link.connection().await.is_ok()
     }
 
+    /// The broker's reason while it blocks this relay's publishers (a memory or disk alarm:
+    /// `connection.blocked`); `None` otherwise. Publishing is paused meanwhile.
+    pub fn blocked(&self) -> Option<String> {
+        self.link.blocking.reason()
+    }
+
     /// A plain channel on the current connection (the demo consumes through it).
     pub async fn open_channel(&self) -> Result<Channel, AmqpError> {
         self.link
@@ -247,7 +263,11 @@ impl Broker {
     /// Closes the connection; channels must be closed first (dropping the last clone of a
     /// lapin channel closes it in the background, racing this close).
     pub async fn close(&self) {
-        let connection = self.link.state.lock().await.connection.take();
+        let connection = {
+            let mut state = self.link.state.lock().await;
+            state.drop_follower();
+            state.connection.take()
+        };
         if let Some(connection) = connection {
             let closing = connection.close(200, "outbox-relay stopping".into());
             let _ = tokio::time::timeout(crate::publisher::CLOSE_TIMEOUT, closing).await;
@@ -301,9 +321,22 @@ fn install_crypto_provider() {
     });
 }
 
+impl LinkState {
+    /// Stops following the blocks of a connection being dropped.
+    fn drop_follower(&mut self) {
+        if let Some(follower) = self.follower.take() {
+            follower.abort();
+        }
+    }
+}
+
 impl Link {
     pub(crate) fn settings(&self) -> &AmqpSettings {
         &self.settings
+    }
+
+    pub(crate) fn blocking(&self) -> &Blocking {
+        &self.blocking
     }
 
     /// The current connection, reconnecting when it is gone and the backoff allows.
@@ -314,6 +347,8 @@ impl Link {
                 return Ok(Arc::clone(connection));
             }
             state.connection = None;
+            state.drop_follower();
+            self.blocking.forget(&self.settings.redacted_url);
             if state.usable {
                 state.usable = false;
                 warn!(url = %self.settings.redacted_url, "broker connection lost; reconnecting with backoff");
@@ -327,6 +362,10 @@ impl Link {
         }
         match open(&self.settings).await {
             Ok(connection) => {
+                state.follower = Some(
+                    self.blocking
+                        .follow(&connection, &self.settings.redacted_url),
+                );
                 let connection = Arc::new(connection);
                 state.connection = Some(Arc::clone(&connection));
                 state.backoff.reset();

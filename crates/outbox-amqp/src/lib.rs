@@ -2,10 +2,13 @@
 //!
 //! Layout:
 //! - [`broker`]: [`Broker`], one connection, the exchange topology, and confirm channels.
+//! - `blocking`: whether the broker blocks publishers (a resource alarm); publishes wait
+//!   and their timeout stands still meanwhile.
 //! - [`message`]: how an [`outbox_core::OutboxRecord`] becomes an AMQP message.
 //! - [`publisher`]: [`AmqpPublisher`], the [`outbox_core::EventPublisher`] port on one
 //!   confirm channel.
 
+mod blocking;
 pub mod broker;
 pub mod message;
 pub mod publisher;
