@@ -116,14 +116,13 @@ async fn shows_alarm(address: SocketAddr, blocked: bool, deadline: Duration) {
         || async {
             let readyz = get(address, "/readyz").await;
             let gauge = blocked_gauge(&get(address, "/metrics").await.1);
-            let shown = if blocked {
+            if blocked {
                 readyz.0 == 503
                     && readyz.1.contains("broker blocks publishers")
                     && gauge == Some(1.0)
             } else {
                 readyz == (200, "ready\n".into()) && gauge == Some(0.0)
-            };
-            shown
+            }
         },
     )
     .await;

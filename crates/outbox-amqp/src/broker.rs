@@ -1,6 +1,7 @@
 //! One connection to RabbitMQ, its exchange topology, and confirm channels.
 
 use crate::blocking::Blocking;
+use crate::cluster::{BrokerUrl, Rotation};
 use crate::message::MessageSettings;
 use crate::publisher::AmqpPublisher;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -14,7 +15,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// A failure to set up the broker side.
 #[derive(Debug, Error)]
@@ -61,11 +62,8 @@ pub enum AmqpError {
 /// What the broker side needs to know.
 #[derive(Clone)]
 pub struct AmqpSettings {
-    /// `amqp.url` (may hold a password: never log it, use `redacted_url`). `amqps://`
-    /// connects with TLS.
-    pub url: String,
-    /// The same URL with the password replaced, for messages.
-    pub redacted_url: String,
+    /// `amqp.url`: one broker, or the nodes of a cluster, tried in turn (at least one).
+    pub brokers: Vec<BrokerUrl>,
     /// Extra trusted CA certificates (PEM) for `amqps://`, on top of the bundled webpki
     /// roots: `amqp.tls_ca_file`, read at validation.
     pub tls_ca_pem: Option<String>,
@@ -99,6 +97,13 @@ pub struct Routing {
 }
 
 impl AmqpSettings {
+    /// Every broker's URL, redacted, comma-separated: for messages about the link as a
+    /// whole.
+    pub fn redacted_urls(&self) -> String {
+        let urls: Vec<&str> = self.brokers.iter().map(|b| b.redacted.as_str()).collect();
+        urls.join(", ")
+    }
+
     /// The routing of `router`, `exchange_type` and `key_header`: the one-outbox case.
     pub fn routing(&self) -> Routing {
         Routing {
@@ -122,7 +127,7 @@ impl AmqpSettings {
 impl std::fmt::Debug for AmqpSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpSettings")
-            .field("url", &self.redacted_url)
+            .field("brokers", &self.brokers)
             .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|_| "…"))
             .field("exchange_type", &self.exchange_type)
             .field("declare_exchange", &self.declare_exchange)
@@ -167,6 +172,8 @@ struct LinkState {
     next_attempt: Instant,
     /// Time between reconnection attempts.
     backoff: Backoff,
+    /// Which broker of `amqp.url` a connection round tries first.
+    rotation: Rotation,
     /// Last reported usability, for logging transitions once.
     usable: bool,
 }
@@ -192,7 +199,9 @@ impl Broker {
     /// relay: lapin's I/O runs there.
     pub async fn connect(settings: AmqpSettings) -> Result<Self, AmqpError> {
         let settings = Arc::new(settings);
-        let connection = open(&settings).await?;
+        let mut rotation = Rotation::new(settings.brokers.len());
+        let (connection, broker) = open_any(&settings, &mut rotation).await?;
+        info!(url = %broker.redacted, "connected to RabbitMQ");
         let declared = if settings.declare_exchange {
             settings
                 .routings()
@@ -203,7 +212,7 @@ impl Broker {
             HashSet::new()
         };
         let blocking = Blocking::default();
-        let follower = blocking.follow(&connection, &settings.redacted_url);
+        let follower = blocking.follow(&connection, &broker.redacted);
         let link = Link {
             exchanges: std::sync::Mutex::new(declared),
             blocking,
@@ -213,6 +222,7 @@ impl Broker {
                 follower: Some(follower),
                 next_attempt: Instant::now(),
                 backoff: BACKOFF,
+                rotation,
                 usable: true,
             }),
         };
@@ -275,8 +285,37 @@ impl Broker {
     }
 }
 
-/// Opens a connection and declares the topology.
-async fn open(settings: &AmqpSettings) -> Result<Connection, AmqpError> {
+/// One connection round: tries the brokers in `rotation`'s order until one connects and
+/// takes the topology. A broker that cannot be reached (refused, reset, timed out,
+/// refused the login) gives way to the next; any other failure (an exchange declared with
+/// another type) would be the same on every node of a cluster, and ends the round. Fails
+/// with the last broker's error when none connects.
+async fn open_any<'a>(
+    settings: &'a AmqpSettings,
+    rotation: &mut Rotation,
+) -> Result<(Connection, &'a BrokerUrl), AmqpError> {
+    let mut last = None;
+    for index in rotation.round() {
+        let broker = &settings.brokers[index];
+        match open(settings, broker).await {
+            Ok(connection) => {
+                rotation.connected(index);
+                return Ok((connection, broker));
+            }
+            Err(error @ (AmqpError::Connect { .. } | AmqpError::ConnectTimeout { .. })) => {
+                if settings.brokers.len() > 1 {
+                    debug!(%error, "broker not reachable; trying the next of amqp.url");
+                }
+                last = Some(error);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(last.expect("amqp.url names at least one broker"))
+}
+
+/// Opens a connection to `broker` and declares the topology.
+async fn open(settings: &AmqpSettings, broker: &BrokerUrl) -> Result<Connection, AmqpError> {
     let properties = ConnectionProperties::default()
         .with_connection_name(format!("outbox-relay {}", settings.message.node_id).into());
     install_crypto_provider();
@@ -286,19 +325,19 @@ async fn open(settings: &AmqpSettings) -> Result<Connection, AmqpError> {
         cert_chain: settings.tls_ca_pem.clone(),
     };
     let runtime = lapin::runtime::default_runtime().map_err(|cause| AmqpError::Connect {
-        url: settings.redacted_url.clone(),
+        url: broker.redacted.clone(),
         cause,
     })?;
-    let connecting = Connection::connect_with_config(&settings.url, properties, tls, runtime);
+    let connecting = Connection::connect_with_config(&broker.url, properties, tls, runtime);
     let connect_timeout = settings.publish_timeout.max(Duration::from_secs(1));
     let connection = match tokio::time::timeout(connect_timeout, connecting).await {
         Ok(result) => result.map_err(|cause| AmqpError::Connect {
-            url: settings.redacted_url.clone(),
+            url: broker.redacted.clone(),
             cause,
         })?,
         Err(_) => {
             return Err(AmqpError::ConnectTimeout {
-                url: settings.redacted_url.clone(),
+                url: broker.redacted.clone(),
                 after: connect_timeout,
             })
         }
@@ -348,10 +387,10 @@ impl Link {
             }
             state.connection = None;
             state.drop_follower();
-            self.blocking.forget(&self.settings.redacted_url);
+            self.blocking.forget(&self.settings.redacted_urls());
             if state.usable {
                 state.usable = false;
-                warn!(url = %self.settings.redacted_url, "broker connection lost; reconnecting with backoff");
+                warn!(url = %self.settings.redacted_urls(), "broker connection lost; reconnecting with backoff");
             }
         }
         let now = Instant::now();
@@ -360,18 +399,15 @@ impl Link {
                 retry_in: state.next_attempt - now,
             });
         }
-        match open(&self.settings).await {
-            Ok(connection) => {
-                state.follower = Some(
-                    self.blocking
-                        .follow(&connection, &self.settings.redacted_url),
-                );
+        match open_any(&self.settings, &mut state.rotation).await {
+            Ok((connection, broker)) => {
+                state.follower = Some(self.blocking.follow(&connection, &broker.redacted));
                 let connection = Arc::new(connection);
                 state.connection = Some(Arc::clone(&connection));
                 state.backoff.reset();
                 if !state.usable {
                     state.usable = true;
-                    info!(url = %self.settings.redacted_url, "broker connection re-established");
+                    info!(url = %broker.redacted, "broker connection re-established");
                 }
                 Ok(connection)
             }

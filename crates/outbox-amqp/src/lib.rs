@@ -2,6 +2,7 @@
 //!
 //! Layout:
 //! - [`broker`]: [`Broker`], one connection, the exchange topology, and confirm channels.
+//! - [`cluster`]: the brokers of `amqp.url` and the order the link tries them in.
 //! - `blocking`: whether the broker blocks publishers (a resource alarm); publishes wait
 //!   and their timeout stands still meanwhile.
 //! - [`message`]: how an [`outbox_core::OutboxRecord`] becomes an AMQP message.
@@ -10,11 +11,13 @@
 
 mod blocking;
 pub mod broker;
+pub mod cluster;
 pub mod message;
 pub mod publisher;
 pub mod tap;
 
 pub use broker::{AmqpError, AmqpSettings, Broker, Routing};
+pub use cluster::BrokerUrl;
 pub use message::MessageSettings;
 pub use publisher::AmqpPublisher;
 pub use tap::{Tap, TapQueue};
