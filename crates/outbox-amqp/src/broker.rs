@@ -280,7 +280,7 @@ impl Broker {
         };
         if let Some(connection) = connection {
             let closing = connection.close(200, "outbox-relay stopping".into());
-            let _ = tokio::time::timeout(crate::publisher::CLOSE_TIMEOUT, closing).await;
+            let _ = tokio::time::timeout(self.link.close_timeout(), closing).await;
         }
     }
 }
@@ -376,6 +376,16 @@ impl Link {
 
     pub(crate) fn blocking(&self) -> &Blocking {
         &self.blocking
+    }
+
+    /// How long a close may wait for the broker's answer: none while the broker blocks
+    /// the connection, since lapin writes nothing then and the close could only time out.
+    pub(crate) fn close_timeout(&self) -> Duration {
+        if self.blocking.reason().is_some() {
+            Duration::ZERO
+        } else {
+            crate::publisher::CLOSE_TIMEOUT
+        }
     }
 
     /// The current connection, reconnecting when it is gone and the backoff allows.

@@ -145,7 +145,7 @@ impl EventPublisher for AmqpPublisher {
         if let Some(channel) = self.channel.lock().await.take() {
             // A stalled broker never answers the close: do not let it hold up shutdown.
             let closing = channel.close(200, "publisher stopping".into());
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, closing).await;
+            let _ = tokio::time::timeout(self.link.close_timeout(), closing).await;
         }
     }
 }
