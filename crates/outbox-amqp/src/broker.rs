@@ -165,6 +165,8 @@ pub(crate) struct Link {
 #[derive(Debug)]
 struct LinkState {
     connection: Option<Arc<Connection>>,
+    /// The broker of `connection`, redacted, for the log line when it is lost.
+    connected_to: String,
     /// Follows the current connection's `connection.blocked`/`unblocked`; aborted when the
     /// connection is dropped.
     follower: Option<tokio::task::JoinHandle<()>>,
@@ -213,12 +215,14 @@ impl Broker {
         };
         let blocking = Blocking::default();
         let follower = blocking.follow(&connection, &broker.redacted);
+        let connected_to = broker.redacted.clone();
         let link = Link {
             exchanges: std::sync::Mutex::new(declared),
             blocking,
             settings,
             state: Mutex::new(LinkState {
                 connection: Some(Arc::new(connection)),
+                connected_to,
                 follower: Some(follower),
                 next_attempt: Instant::now(),
                 backoff: BACKOFF,
@@ -397,10 +401,10 @@ impl Link {
             }
             state.connection = None;
             state.drop_follower();
-            self.blocking.forget(&self.settings.redacted_urls());
+            self.blocking.forget(&state.connected_to);
             if state.usable {
                 state.usable = false;
-                warn!(url = %self.settings.redacted_urls(), "broker connection lost; reconnecting with backoff");
+                warn!(url = %state.connected_to, "broker connection lost; reconnecting with backoff");
             }
         }
         let now = Instant::now();
@@ -414,6 +418,7 @@ impl Link {
                 state.follower = Some(self.blocking.follow(&connection, &broker.redacted));
                 let connection = Arc::new(connection);
                 state.connection = Some(Arc::clone(&connection));
+                state.connected_to = broker.redacted.clone();
                 state.backoff.reset();
                 if !state.usable {
                     state.usable = true;
