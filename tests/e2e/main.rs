@@ -3,6 +3,8 @@
 
 /// `--help` and `--version`.
 mod cli;
+/// `amqp.url` as a list of brokers: starting on the one that answers, failing over.
+mod cluster;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
 /// migrated in place, `plan` as a dry run, `check_columns`' errors.
 mod columns;

@@ -1,5 +1,7 @@
 //! One connection to RabbitMQ, its exchange topology, and confirm channels.
 
+use crate::blocking::Blocking;
+use crate::cluster::{BrokerUrl, Rotation};
 use crate::message::MessageSettings;
 use crate::publisher::AmqpPublisher;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -13,7 +15,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// A failure to set up the broker side.
 #[derive(Debug, Error)]
@@ -60,11 +62,8 @@ pub enum AmqpError {
 /// What the broker side needs to know.
 #[derive(Clone)]
 pub struct AmqpSettings {
-    /// `amqp.url` (may hold a password: never log it, use `redacted_url`). `amqps://`
-    /// connects with TLS.
-    pub url: String,
-    /// The same URL with the password replaced, for messages.
-    pub redacted_url: String,
+    /// `amqp.url`: one broker, or the nodes of a cluster, tried in turn (at least one).
+    pub brokers: Vec<BrokerUrl>,
     /// Extra trusted CA certificates (PEM) for `amqps://`, on top of the bundled webpki
     /// roots: `amqp.tls_ca_file`, read at validation.
     pub tls_ca_pem: Option<String>,
@@ -98,6 +97,13 @@ pub struct Routing {
 }
 
 impl AmqpSettings {
+    /// Every broker's URL, redacted, comma-separated: for messages about the link as a
+    /// whole.
+    pub fn redacted_urls(&self) -> String {
+        let urls: Vec<&str> = self.brokers.iter().map(|b| b.redacted.as_str()).collect();
+        urls.join(", ")
+    }
+
     /// The routing of `router`, `exchange_type` and `key_header`: the one-outbox case.
     pub fn routing(&self) -> Routing {
         Routing {
@@ -121,7 +127,7 @@ impl AmqpSettings {
 impl std::fmt::Debug for AmqpSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpSettings")
-            .field("url", &self.redacted_url)
+            .field("brokers", &self.brokers)
             .field("tls_ca_pem", &self.tls_ca_pem.as_ref().map(|_| "…"))
             .field("exchange_type", &self.exchange_type)
             .field("declare_exchange", &self.declare_exchange)
@@ -152,15 +158,24 @@ pub(crate) struct Link {
     /// the channel, failing every other publish in flight on it; checking an unknown
     /// exchange first, on a throwaway channel, keeps that failure to its own event.
     exchanges: std::sync::Mutex<HashSet<String>>,
+    /// Whether the broker blocks the current connection's publishers (a resource alarm).
+    blocking: Blocking,
 }
 
 #[derive(Debug)]
 struct LinkState {
     connection: Option<Arc<Connection>>,
+    /// The broker of `connection`, redacted, for the log line when it is lost.
+    connected_to: String,
+    /// Follows the current connection's `connection.blocked`/`unblocked`; aborted when the
+    /// connection is dropped.
+    follower: Option<tokio::task::JoinHandle<()>>,
     /// No reconnection attempt before this.
     next_attempt: Instant,
     /// Time between reconnection attempts.
     backoff: Backoff,
+    /// Which broker of `amqp.url` a connection round tries first.
+    rotation: Rotation,
     /// Last reported usability, for logging transitions once.
     usable: bool,
 }
@@ -186,7 +201,9 @@ impl Broker {
     /// relay: lapin's I/O runs there.
     pub async fn connect(settings: AmqpSettings) -> Result<Self, AmqpError> {
         let settings = Arc::new(settings);
-        let connection = open(&settings).await?;
+        let mut rotation = Rotation::new(settings.brokers.len());
+        let (connection, broker) = open_any(&settings, &mut rotation).await?;
+        info!(url = %broker.redacted, "connected to RabbitMQ");
         let declared = if settings.declare_exchange {
             settings
                 .routings()
@@ -196,13 +213,20 @@ impl Broker {
         } else {
             HashSet::new()
         };
+        let blocking = Blocking::default();
+        let follower = blocking.follow(&connection, &broker.redacted);
+        let connected_to = broker.redacted.clone();
         let link = Link {
             exchanges: std::sync::Mutex::new(declared),
+            blocking,
             settings,
             state: Mutex::new(LinkState {
                 connection: Some(Arc::new(connection)),
+                connected_to,
+                follower: Some(follower),
                 next_attempt: Instant::now(),
                 backoff: BACKOFF,
+                rotation,
                 usable: true,
             }),
         };
@@ -234,6 +258,12 @@ impl Broker {
         self.link.connection().await.is_ok()
     }
 
+    /// The broker's reason while it blocks this relay's publishers (a memory or disk alarm:
+    /// `connection.blocked`); `None` otherwise. Publishing is paused meanwhile.
+    pub fn blocked(&self) -> Option<String> {
+        self.link.blocking.reason()
+    }
+
     /// A plain channel on the current connection (the demo consumes through it).
     pub async fn open_channel(&self) -> Result<Channel, AmqpError> {
         self.link
@@ -247,16 +277,49 @@ impl Broker {
     /// Closes the connection; channels must be closed first (dropping the last clone of a
     /// lapin channel closes it in the background, racing this close).
     pub async fn close(&self) {
-        let connection = self.link.state.lock().await.connection.take();
+        let connection = {
+            let mut state = self.link.state.lock().await;
+            state.drop_follower();
+            state.connection.take()
+        };
         if let Some(connection) = connection {
             let closing = connection.close(200, "outbox-relay stopping".into());
-            let _ = tokio::time::timeout(crate::publisher::CLOSE_TIMEOUT, closing).await;
+            let _ = tokio::time::timeout(self.link.close_timeout(), closing).await;
         }
     }
 }
 
-/// Opens a connection and declares the topology.
-async fn open(settings: &AmqpSettings) -> Result<Connection, AmqpError> {
+/// One connection round: tries the brokers in `rotation`'s order until one connects and
+/// takes the topology. A broker that cannot be reached (refused, reset, timed out,
+/// refused the login) gives way to the next; any other failure (an exchange declared with
+/// another type) would be the same on every node of a cluster, and ends the round. Fails
+/// with the last broker's error when none connects.
+async fn open_any<'a>(
+    settings: &'a AmqpSettings,
+    rotation: &mut Rotation,
+) -> Result<(Connection, &'a BrokerUrl), AmqpError> {
+    let mut last = None;
+    for index in rotation.round() {
+        let broker = &settings.brokers[index];
+        match open(settings, broker).await {
+            Ok(connection) => {
+                rotation.connected(index);
+                return Ok((connection, broker));
+            }
+            Err(error @ (AmqpError::Connect { .. } | AmqpError::ConnectTimeout { .. })) => {
+                if settings.brokers.len() > 1 {
+                    debug!(%error, "broker not reachable; trying the next of amqp.url");
+                }
+                last = Some(error);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(last.expect("amqp.url names at least one broker"))
+}
+
+/// Opens a connection to `broker` and declares the topology.
+async fn open(settings: &AmqpSettings, broker: &BrokerUrl) -> Result<Connection, AmqpError> {
     let properties = ConnectionProperties::default()
         .with_connection_name(format!("outbox-relay {}", settings.message.node_id).into());
     install_crypto_provider();
@@ -266,19 +329,19 @@ async fn open(settings: &AmqpSettings) -> Result<Connection, AmqpError> {
         cert_chain: settings.tls_ca_pem.clone(),
     };
     let runtime = lapin::runtime::default_runtime().map_err(|cause| AmqpError::Connect {
-        url: settings.redacted_url.clone(),
+        url: broker.redacted.clone(),
         cause,
     })?;
-    let connecting = Connection::connect_with_config(&settings.url, properties, tls, runtime);
+    let connecting = Connection::connect_with_config(&broker.url, properties, tls, runtime);
     let connect_timeout = settings.publish_timeout.max(Duration::from_secs(1));
     let connection = match tokio::time::timeout(connect_timeout, connecting).await {
         Ok(result) => result.map_err(|cause| AmqpError::Connect {
-            url: settings.redacted_url.clone(),
+            url: broker.redacted.clone(),
             cause,
         })?,
         Err(_) => {
             return Err(AmqpError::ConnectTimeout {
-                url: settings.redacted_url.clone(),
+                url: broker.redacted.clone(),
                 after: connect_timeout,
             })
         }
@@ -301,9 +364,32 @@ fn install_crypto_provider() {
     });
 }
 
+impl LinkState {
+    /// Stops following the blocks of a connection being dropped.
+    fn drop_follower(&mut self) {
+        if let Some(follower) = self.follower.take() {
+            follower.abort();
+        }
+    }
+}
+
 impl Link {
     pub(crate) fn settings(&self) -> &AmqpSettings {
         &self.settings
+    }
+
+    pub(crate) fn blocking(&self) -> &Blocking {
+        &self.blocking
+    }
+
+    /// How long a close may wait for the broker's answer: none while the broker blocks
+    /// the connection, since lapin writes nothing then and the close could only time out.
+    pub(crate) fn close_timeout(&self) -> Duration {
+        if self.blocking.reason().is_some() {
+            Duration::ZERO
+        } else {
+            crate::publisher::CLOSE_TIMEOUT
+        }
     }
 
     /// The current connection, reconnecting when it is gone and the backoff allows.
@@ -314,9 +400,11 @@ impl Link {
                 return Ok(Arc::clone(connection));
             }
             state.connection = None;
+            state.drop_follower();
+            self.blocking.forget(&state.connected_to);
             if state.usable {
                 state.usable = false;
-                warn!(url = %self.settings.redacted_url, "broker connection lost; reconnecting with backoff");
+                warn!(url = %state.connected_to, "broker connection lost; reconnecting with backoff");
             }
         }
         let now = Instant::now();
@@ -325,14 +413,16 @@ impl Link {
                 retry_in: state.next_attempt - now,
             });
         }
-        match open(&self.settings).await {
-            Ok(connection) => {
+        match open_any(&self.settings, &mut state.rotation).await {
+            Ok((connection, broker)) => {
+                state.follower = Some(self.blocking.follow(&connection, &broker.redacted));
                 let connection = Arc::new(connection);
                 state.connection = Some(Arc::clone(&connection));
+                state.connected_to = broker.redacted.clone();
                 state.backoff.reset();
                 if !state.usable {
                     state.usable = true;
-                    info!(url = %self.settings.redacted_url, "broker connection re-established");
+                    info!(url = %broker.redacted, "broker connection re-established");
                 }
                 Ok(connection)
             }

@@ -2,18 +2,24 @@
 //!
 //! Layout:
 //! - [`broker`]: [`Broker`], one connection, the exchange topology, and confirm channels.
+//! - [`cluster`]: the brokers of `amqp.url` and the order the link tries them in.
+//! - `blocking`: whether the broker blocks publishers (a resource alarm); publishes wait
+//!   and their timeout stands still meanwhile.
 //! - [`message`]: how an [`outbox_core::OutboxRecord`] becomes an AMQP message.
 //! - [`publisher`]: [`AmqpPublisher`], the [`outbox_core::EventPublisher`] port on one
 //!   confirm channel.
 //! - [`span`]: the OpenTelemetry span of a published message (feature `otel`).
 
+mod blocking;
 pub mod broker;
+pub mod cluster;
 pub mod message;
 pub mod publisher;
 pub mod span;
 pub mod tap;
 
 pub use broker::{AmqpError, AmqpSettings, Broker, Routing};
+pub use cluster::BrokerUrl;
 pub use message::MessageSettings;
 pub use publisher::AmqpPublisher;
 pub use tap::{Tap, TapQueue};

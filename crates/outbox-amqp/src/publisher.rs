@@ -7,9 +7,10 @@ use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation};
 use outbox_core::{Confirm, EventPublisher, OutboxRecord, PublishError};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::Mutex;
-use tokio::time::{timeout_at, Instant};
 
 /// How long closing a channel may take before it is abandoned.
 pub(crate) const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
@@ -52,6 +53,22 @@ impl AmqpPublisher {
     }
 }
 
+/// A publish's `publish_timeout`, running only while the broker does not block publishers.
+type Clock = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// `step`'s output, or a timeout when `clock` runs out first.
+async fn within<T>(
+    clock: &mut Clock,
+    timeout: std::time::Duration,
+    step: impl Future<Output = T>,
+) -> Result<T, PublishError> {
+    tokio::select! {
+        biased;
+        done = step => Ok(done),
+        () = clock => Err(PublishError::Timeout(timeout)),
+    }
+}
+
 fn channel_error(error: lapin::Error) -> PublishError {
     PublishError::Channel(error.to_string())
 }
@@ -61,28 +78,29 @@ impl EventPublisher for AmqpPublisher {
     async fn publish(&self, record: &OutboxRecord) -> Result<Confirm, PublishError> {
         let settings = self.link.settings();
         let timeout = settings.publish_timeout;
-        // One deadline for hand-off and confirm: a broker that blocks publishers
-        // (flow control) fails the publish as surely as one that never confirms.
-        let deadline = Instant::now() + timeout;
         let routing = Arc::clone(&self.routing);
         let (exchange, routing_key) = routing
             .router
             .route(&record.event_type, &record.room_id)
             .map_err(|error| PublishError::Invalid(error.to_string()))?;
         check_body(record.envelope.len(), settings.message.max_body_bytes)?;
-        timeout_at(
-            deadline,
+        // Nothing new goes to a broker that blocks publishers (a resource alarm): it would
+        // only be held there. Then one clock for hand-off and confirm, standing still while
+        // the broker blocks, so a held publish is neither timed out nor published twice;
+        // a broker that stops answering otherwise fails the publish as before.
+        self.link.blocking().unblocked().await;
+        let mut clock: Clock = Box::pin(self.link.blocking().clock(timeout));
+        within(
+            &mut clock,
+            timeout,
             self.link.verify_exchange(exchange, &routing.exchange_type),
         )
-        .await
-        .map_err(|_| PublishError::Timeout(timeout))?
+        .await?
         .map_err(PublishError::Channel)?;
         let properties = properties(record, &settings.message, &routing.key_header)?;
         let (properties, span) = PublishSpan::start(record, exchange, &routing_key, properties);
         let handed_off = async {
-            let channel = timeout_at(deadline, self.channel())
-                .await
-                .map_err(|_| PublishError::Timeout(timeout))??;
+            let channel = within(&mut clock, timeout, self.channel()).await??;
             let options = BasicPublishOptions {
                 mandatory: true,
                 ..BasicPublishOptions::default()
@@ -94,9 +112,8 @@ impl EventPublisher for AmqpPublisher {
                 &record.envelope,
                 properties,
             );
-            timeout_at(deadline, handed_off)
-                .await
-                .map_err(|_| PublishError::Timeout(timeout))?
+            within(&mut clock, timeout, handed_off)
+                .await?
                 .map_err(channel_error)
         };
         let confirm = match handed_off.await {
@@ -109,8 +126,8 @@ impl EventPublisher for AmqpPublisher {
         let exchange = exchange.to_owned();
         let link = Arc::clone(&self.link);
         Ok(Box::pin(async move {
-            let outcome = match timeout_at(deadline, confirm).await {
-                Err(_) => Err(PublishError::Timeout(timeout)),
+            let outcome = match within(&mut clock, timeout, confirm).await {
+                Err(timed_out) => Err(timed_out),
                 Ok(Err(error)) => {
                     if error.to_string().contains("NOT_FOUND") {
                         link.forget_exchange(&exchange);
@@ -141,7 +158,7 @@ impl EventPublisher for AmqpPublisher {
         if let Some(channel) = self.channel.lock().await.take() {
             // A stalled broker never answers the close: do not let it hold up shutdown.
             let closing = channel.close(200, "publisher stopping".into());
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, closing).await;
+            let _ = tokio::time::timeout(self.link.close_timeout(), closing).await;
         }
     }
 }

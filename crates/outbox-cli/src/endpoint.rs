@@ -5,7 +5,8 @@
 //!   relay's, `outbox_up{dependency}` (the flags `/readyz` reads), `outbox_relay_build_info`
 //!   and the standard `process_*` series (sampled from /proc at each scrape).
 //! - `GET /healthz`: 200 while the process runs (it answers, so it is alive).
-//! - `GET /readyz`: 200 while every outbox's database and the broker are usable (and, with
+//! - `GET /readyz`: 200 while every outbox's database and the broker are usable and the
+//!   broker does not block publishers (a resource alarm) (and, with
 //!   `relay.max_pending_age`, no outbox's oldest pending row is older than that, unless
 //!   `relay.max_pending_age_readiness` is off), else 503 with a line saying which is not;
 //!   while `run` waits for a dependency at start, `not ready: waiting for the database`
@@ -80,6 +81,8 @@ struct Health {
     stopping: AtomicBool,
     /// `run` is waiting for this dependency at start.
     waiting: Mutex<Option<Dependency>>,
+    /// The broker's reason while it blocks publishers (a resource alarm).
+    blocked: Mutex<Option<String>>,
     /// `backlog older than …` with the late outboxes, while `relay.max_pending_age` is
     /// breached and counts for readiness.
     late: Mutex<Option<String>>,
@@ -100,6 +103,14 @@ impl Health {
         }
         if !self.broker.load(Ordering::Relaxed) {
             problems.push("broker unreachable".to_owned());
+        }
+        if let Some(reason) = self
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            problems.push(format!("broker blocks publishers ({reason})"));
         }
         if let Some(late) = self.late.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             problems.push(late);
@@ -185,6 +196,7 @@ impl Endpoint {
         for dependency in DEPENDENCIES {
             metrics::gauge!(instruments::UP, "dependency" => dependency).set(0.0);
         }
+        metrics::gauge!(instruments::BROKER_BLOCKED).set(0.0);
         let listener = std::net::TcpListener::bind(listen)
             .with_context(|| format!("cannot listen on {listen} (metrics.listen)"))?;
         let address = listener.local_addr()?;
@@ -267,6 +279,7 @@ impl Endpoint {
             .collect();
         let [database_up, broker_up] = DEPENDENCIES
             .map(|dependency| metrics::gauge!(instruments::UP, "dependency" => dependency));
+        let broker_blocked = metrics::gauge!(instruments::BROKER_BLOCKED);
         let mut backlog_due = Instant::now();
         // Readiness as last logged: a change is logged once (the links log the details of
         // their own losses and recoveries).
@@ -276,6 +289,13 @@ impl Endpoint {
             // The gauge first: whoever saw /readyz change finds it changed too.
             broker_up.set(f64::from(u8::from(usable)));
             self.health.broker.store(usable, Ordering::Relaxed);
+            let blocked = broker.blocked();
+            broker_blocked.set(f64::from(u8::from(blocked.is_some())));
+            *self
+                .health
+                .blocked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = blocked;
             if Instant::now() >= backlog_due {
                 let mut usable = true;
                 for outbox in &mut watched {
@@ -432,6 +452,20 @@ mod tests {
             Some("database unreachable, broker unreachable"),
             "not probed yet"
         );
+    }
+
+    #[test]
+    fn a_broker_alarm_is_named_while_it_lasts() {
+        let health = Health::default();
+        health.database.store(true, Ordering::Relaxed);
+        health.broker.store(true, Ordering::Relaxed);
+        *health.blocked.lock().unwrap() = Some("low on memory".into());
+        assert_eq!(
+            health.problems().as_deref(),
+            Some("broker blocks publishers (low on memory)")
+        );
+        *health.blocked.lock().unwrap() = None;
+        assert_eq!(health.problems(), None);
     }
 
     #[test]

@@ -131,9 +131,9 @@ pub fn insert_password(section: &str, url: &str, password: &str) -> Result<Strin
 }
 
 /// Reads `amqp.tls_ca_file`: CA certificates (PEM) trusted for `amqps://` besides the
-/// bundled webpki roots. Empty: none. Only meaningful with an `amqps://` URL, so a CA file
-/// next to a plain URL is an error rather than silently ignored.
-pub fn tls_ca_file(url: &str, file: &str) -> Result<Option<String>, ConfigError> {
+/// bundled webpki roots. Empty: none. Only meaningful with `amqps://` URLs (`urls`: every
+/// broker's), so a CA file next to a plain URL is an error rather than silently ignored.
+pub fn tls_ca_file(urls: &[&str], file: &str) -> Result<Option<String>, ConfigError> {
     const KEY: &str = "amqp.tls_ca_file";
     let file = file.trim();
     if file.is_empty() {
@@ -145,7 +145,8 @@ pub fn tls_ca_file(url: &str, file: &str) -> Result<Option<String>, ConfigError>
         accepted,
     };
     // An unparsable URL is reported under amqp.url already.
-    if url::Url::parse(url).is_ok_and(|parsed| parsed.scheme() != "amqps") {
+    let plain = |url: &&str| url::Url::parse(url).is_ok_and(|parsed| parsed.scheme() != "amqps");
+    if urls.iter().any(plain) {
         return Err(invalid(
             "a CA file only together with an amqps:// URL (amqp.url is plain amqp://)".into(),
         ));

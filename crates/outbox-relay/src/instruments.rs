@@ -34,6 +34,9 @@ pub const MARK_BATCH_SIZE: &str = "outbox_mark_batch_size";
 /// Gauge, label `dependency` (`database` or `broker`): 1 while the endpoint's probe finds
 /// it usable, else 0; the flags `/readyz` reads. Set by the binary's endpoint.
 pub const UP: &str = "outbox_up";
+/// Gauge: 1 while the broker blocks this node's publishers (`connection.blocked`, a memory
+/// or disk alarm), else 0; publishing is paused meanwhile. Set by the binary's endpoint.
+pub const BROKER_BLOCKED: &str = "outbox_broker_blocked";
 /// Gauge, label `version`: always 1, so a query can join a node's version onto its series.
 pub const BUILD_INFO: &str = "outbox_relay_build_info";
 /// Gauge: 1 while the oldest pending row is older than `relay.max_pending_age`, else 0;
@@ -70,6 +73,10 @@ pub fn describe() {
     describe_gauge!(
         UP,
         "1 while the dependency (database, broker) is usable, else 0: what /readyz reads."
+    );
+    describe_gauge!(
+        BROKER_BLOCKED,
+        "1 while the broker blocks publishers (a resource alarm; publishing paused), else 0."
     );
     describe_gauge!(BUILD_INFO, "Always 1; the labels name the running build.");
     describe_gauge!(

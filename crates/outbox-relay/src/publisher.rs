@@ -7,6 +7,8 @@ use actix::prelude::*;
 use outbox_core::{EventPublisher, Ordering, OutboxRecord, OutcomeKind, PublishError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
+use tracing::warn;
 
 /// Publish this record (from the Fetcher).
 #[derive(Message, Debug, Clone)]
@@ -45,12 +47,18 @@ pub struct Publisher {
     rooms: HashMap<String, VecDeque<OutboxRecord>>,
     /// Under `per_room`: rooms held back, with their failures and releases not yet written.
     held: HashMap<String, usize>,
-    /// Publishes awaiting their confirm.
-    in_flight: usize,
-    /// Set by [`Drain`]: answered once `in_flight` reaches zero.
+    /// Publishes awaiting their confirm, by start number: their task and their record.
+    in_flight: HashMap<u64, (SpawnHandle, Arc<OutboxRecord>)>,
+    /// Start number of the next publish.
+    next_start: u64,
+    /// Set by [`Drain`]: answered once `in_flight` is empty.
     drained: Waiters,
     /// Draining: nothing new starts.
     draining: bool,
+    /// How long a drain waits for the publishes in flight before it abandons them and
+    /// releases their rows (`publish_timeout`: a publish held by a broker that blocks
+    /// publishers has no deadline of its own). `None`: as long as they take.
+    drain_limit: Option<Duration>,
     /// `outbox_publish_confirm_seconds`, `outbox_commit_to_confirm_seconds`.
     times: ConfirmTimes,
 }
@@ -69,11 +77,20 @@ impl Publisher {
             ordering,
             rooms: HashMap::new(),
             held: HashMap::new(),
-            in_flight: 0,
+            in_flight: HashMap::new(),
+            next_start: 0,
             drained: Waiters::default(),
             draining: false,
+            drain_limit: None,
             times: ConfirmTimes::new(outbox),
         }
+    }
+
+    /// A drain waits at most `limit` for the publishes in flight, then abandons them and
+    /// releases their rows: the shutdown bound, even while the broker blocks publishers.
+    pub fn with_drain_limit(mut self, limit: Duration) -> Self {
+        self.drain_limit = Some(limit);
+        self
     }
 
     fn report(&mut self, record: OutboxRecord, kind: OutcomeKind) {
@@ -84,24 +101,53 @@ impl Publisher {
     }
 
     fn start(&mut self, record: OutboxRecord, ctx: &mut Context<Self>) {
-        self.in_flight += 1;
+        let start = self.next_start;
+        self.next_start += 1;
+        let record = Arc::new(record);
         let port = Arc::clone(&self.port);
-        async move {
+        let publishing = Arc::clone(&record);
+        let publishing_task = async move {
             let handed_off = std::time::Instant::now();
-            let result = match port.publish(&record).await {
+            let result = match port.publish(&publishing).await {
                 Ok(confirm) => confirm.await,
                 Err(error) => Err(error),
             };
-            (record, result, handed_off.elapsed())
+            (result, handed_off.elapsed())
         }
         .into_actor(self)
-        .map(|(record, result, took), publisher, ctx| {
+        .map(move |(result, took), publisher, ctx| {
+            let Some((_, record)) = publisher.in_flight.remove(&start) else {
+                return; // abandoned by a drain meanwhile
+            };
+            // The task's clone is gone with the task.
+            let record = Arc::unwrap_or_clone(record);
             if result.is_ok() {
                 publisher.times.acked(took, record.created_at);
             }
             publisher.finish(record, result, ctx)
-        })
-        .spawn(ctx);
+        });
+        let handle = ctx.spawn(publishing_task);
+        self.in_flight.insert(start, (handle, record));
+    }
+
+    /// The drain's limit passed: the publishes still in flight are abandoned (a broker that
+    /// blocks publishers holds them) and their rows released, unchanged, for a later run.
+    fn abandon(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        warn!(
+            abandoned = self.in_flight.len(),
+            "publishes still unconfirmed when the shutdown's bound passed: abandoned, their rows released"
+        );
+        let abandoned: Vec<_> = self.in_flight.drain().map(|(_, entry)| entry).collect();
+        for (handle, record) in abandoned {
+            ctx.cancel_future(handle);
+            let record = Arc::unwrap_or_clone(record);
+            self.rooms.remove(&record.room_id);
+            self.report(record, OutcomeKind::Released);
+        }
+        self.stop_if_drained(ctx);
     }
 
     fn finish(
@@ -110,7 +156,6 @@ impl Publisher {
         result: Result<(), PublishError>,
         ctx: &mut Context<Self>,
     ) {
-        self.in_flight -= 1;
         let room = record.room_id.clone();
         let failed = result.is_err();
         self.report(
@@ -140,7 +185,7 @@ impl Publisher {
     }
 
     fn stop_if_drained(&mut self, ctx: &mut Context<Self>) {
-        if self.draining && self.in_flight == 0 {
+        if self.draining && self.in_flight.is_empty() {
             self.drained.answer(());
             ctx.stop();
         }
@@ -152,7 +197,7 @@ impl Actor for Publisher {
 
     fn stopping(&mut self, _: &mut Self::Context) -> Running {
         // Confirms still due are outcomes the Marker must hear about.
-        if self.in_flight > 0 {
+        if !self.in_flight.is_empty() {
             Running::Continue
         } else {
             Running::Stop
@@ -206,6 +251,9 @@ impl Handler<Drain> for Publisher {
             self.report(record, OutcomeKind::Released);
         }
         let drained = self.drained.wait();
+        if let Some(limit) = self.drain_limit {
+            ctx.run_later(limit, Self::abandon);
+        }
         self.stop_if_drained(ctx);
         drained
     }
@@ -341,5 +389,53 @@ mod tests {
             !publisher.connected()
         })
         .await;
+    }
+
+    #[actix_rt::test]
+    async fn drain_abandons_publishes_held_past_its_limit_and_releases_their_rows() {
+        // A broker that blocks publishers holds them with no deadline: the fake never
+        // confirms unless told to.
+        let port = FakePublisher::held();
+        let (collector, outcomes) = Collector::start();
+        let publisher = Publisher::new(
+            "room_outbox",
+            Arc::clone(&port) as Arc<dyn EventPublisher>,
+            collector.recipient(),
+            Ordering::PerRoom,
+        )
+        .with_drain_limit(Duration::from_millis(200))
+        .start();
+        for (id, room) in [(1, "a"), (2, "a"), (3, "b")] {
+            publisher.do_send(Publish(record(id, room)));
+        }
+        port.wait_for_attempts(2, Duration::from_secs(5)).await;
+        let asked = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), publisher.send(Drain))
+            .await
+            .expect("the drain ends at its limit")
+            .expect("drain answered");
+        assert!(
+            asked.elapsed() >= Duration::from_millis(200),
+            "waited for the limit"
+        );
+        let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
+        assert_eq!(
+            seen.ids_with("released").first().map(String::as_str),
+            Some("a2"),
+            "not started: released at the drain's start"
+        );
+        for id in ["a1", "a2", "b3"] {
+            assert_eq!(seen.kind_of(id), "released", "{id}: released, not failed");
+        }
+        port.confirm_all();
+        eventually("the publisher to stop", Duration::from_secs(5), || {
+            !publisher.connected()
+        })
+        .await;
+        assert_eq!(
+            outcomes.wait_for(0, Duration::from_secs(1)).await.len(),
+            3,
+            "a late confirm adds no outcome"
+        );
     }
 }

@@ -97,6 +97,9 @@ impl Relay {
                     marker.clone().recipient(),
                     options.ordering,
                 )
+                // In-flight publishes end within their publish_timeout, except where the
+                // broker blocks publishers: the shutdown bound holds there too.
+                .with_drain_limit(options.publish_timeout)
                 .start()
             })
             .collect();

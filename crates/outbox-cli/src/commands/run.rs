@@ -99,9 +99,10 @@ async fn open_dependencies(
     .until_up(|| open_outboxes(config, config.database.migrate_on_start))
     .await?;
     waiting(Some(Dependency::Broker));
+    let brokers = config.amqp.redacted_urls();
     let broker = Wait {
         dependency: Dependency::Broker,
-        url: &config.amqp.redacted_url,
+        url: &brokers,
         // The broker link's own reconnection steps.
         backoff: outbox_amqp::broker::BACKOFF,
         patience,

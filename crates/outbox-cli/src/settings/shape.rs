@@ -4,6 +4,12 @@
 use super::config::LogFormat;
 use super::field::{Field, Span};
 use crate::secrets::{masked, redact_url};
+
+/// Every URL of a comma-separated list redacted, the list kept.
+fn redact_urls(value: &str) -> String {
+    let urls: Vec<String> = broker_urls(value).into_iter().map(redact_url).collect();
+    urls.join(",")
+}
 use outbox_core::{Ordering, RetryStrategy};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -144,7 +150,13 @@ pub struct OutboxSettings {
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AmqpSection {
-    /// `amqp://user:pass@host:port/vhost`, or `amqps://…` for TLS.
+    /// `amqp://user:pass@host:port/vhost`, or `amqps://…` for TLS; or the nodes of a
+    /// cluster: a TOML array, or comma-separated (as the environment gives it). Kept as
+    /// written, comma-separated ([`broker_urls`]).
+    #[serde(
+        deserialize_with = "url_list::deserialize",
+        serialize_with = "url_list::serialize"
+    )]
     pub url: String,
     /// The password, when it is not in `url`: meant for `OUTBOX_RELAY__AMQP__PASSWORD`
     /// rather than the file. Empty: none.
@@ -169,6 +181,45 @@ pub struct AmqpSection {
     pub routes: Vec<RouteSettings>,
     /// The AMQP header that carries the ordering key (`columns.key`).
     pub key_header: String,
+}
+
+/// The URLs of `amqp.url`, each trimmed (an empty one stays, for validation to reject).
+pub fn broker_urls(value: &str) -> Vec<&str> {
+    value.split(',').map(str::trim).collect()
+}
+
+/// `amqp.url`: one URL or a list, held as one comma-separated string.
+mod url_list {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<String, D::Error> {
+        match OneOrMany::deserialize(deserializer) {
+            Ok(OneOrMany::One(url)) => Ok(url),
+            Ok(OneOrMany::Many(urls)) => Ok(urls.join(",")),
+            Err(_) => Err(serde::de::Error::custom(
+                "expected a URL or a list of URLs (a TOML array, or comma-separated)",
+            )),
+        }
+    }
+
+    /// Several URLs as a list, one as a string: `check-config` prints what a file would say.
+    pub(super) fn serialize<S: Serializer>(value: &str, serializer: S) -> Result<S::Ok, S::Error> {
+        let urls = super::broker_urls(value);
+        if urls.len() > 1 {
+            urls.serialize(serializer)
+        } else {
+            value.serialize(serializer)
+        }
+    }
 }
 
 /// One `[[amqp.routes]]` entry.
@@ -352,7 +403,7 @@ impl Settings {
         shown.database.url = redact_url(&self.database.url);
         shown.database.listen_url = redact_url(&self.database.listen_url);
         shown.database.password = masked(&self.database.password).into();
-        shown.amqp.url = redact_url(&self.amqp.url);
+        shown.amqp.url = redact_urls(&self.amqp.url);
         shown.amqp.password = masked(&self.amqp.password).into();
         shown.relay.node_id = node_id.into();
         shown.telemetry.otlp_endpoint = redact_url(&self.telemetry.otlp_endpoint);
@@ -394,7 +445,7 @@ impl std::fmt::Debug for DatabaseSettings {
 impl std::fmt::Debug for AmqpSection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpSection")
-            .field("url", &redact_url(&self.url))
+            .field("url", &redact_urls(&self.url))
             .field("password", &masked(&self.password))
             .field("password_file", &self.password_file)
             .field("tls_ca_file", &self.tls_ca_file)

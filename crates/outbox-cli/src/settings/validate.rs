@@ -6,13 +6,14 @@ use super::check::{builtin, Report, Section};
 use super::config::{Config, DatabaseConfig, LogConfig, MaxPendingAge};
 use super::field::Span;
 use super::outboxes::{self, database_columns, Inherited, DATABASE_SCHEMES};
+use super::shape::broker_urls;
 use super::shape::{
     AmqpSection, DatabaseSettings, LogSettings, MetricsSettings, RelaySettings, Settings,
     TelemetrySettings,
 };
 use super::ConfigError;
 use crate::secrets::{self, redact_url, Secrets};
-use outbox_amqp::{AmqpSettings, MessageSettings};
+use outbox_amqp::{AmqpSettings, BrokerUrl, MessageSettings};
 use outbox_core::{RelayOptions, RetryPolicy, Route, Router, RoutingKeyTemplate};
 use outbox_store::TableName;
 use std::net::SocketAddr;
@@ -91,11 +92,11 @@ impl Settings {
                 [
                     Some(&database.url),
                     database.listen_url.as_ref(),
-                    Some(&amqp.url),
                     otlp_traces_url.as_ref(),
                 ]
                 .into_iter()
                 .flatten()
+                .chain(amqp.brokers.iter().map(|broker| &broker.url))
                 .chain(outboxes.iter().map(|outbox| &outbox.database_url))
                 .map(String::as_str),
             ),
@@ -329,18 +330,27 @@ impl AmqpSection {
         check: &mut Section<'_>,
         relay: Option<&RelayOptions>,
     ) -> Option<AmqpSettings> {
-        let url = check.take(
-            url_setting(&check.key("url"), &self.url, &["amqp", "amqps"]).and_then(|url| {
-                secrets::with_password("amqp", url, &self.password, &self.password_file)
-            }),
-        );
-        let tls_ca_pem = check.take(secrets::tls_ca_file(&self.url, &self.tls_ca_file));
+        let urls = broker_urls(&self.url);
+        // Each URL checked, each getting the password of amqp.password(_file).
+        let brokers: Vec<Option<BrokerUrl>> = urls
+            .iter()
+            .map(|url| {
+                check.take(
+                    url_setting(&check.key("url"), url, &["amqp", "amqps"])
+                        .and_then(|url| {
+                            secrets::with_password("amqp", url, &self.password, &self.password_file)
+                        })
+                        .map(|(url, redacted)| BrokerUrl { url, redacted }),
+                )
+            })
+            .collect();
+        let tls_ca_pem = check.take(secrets::tls_ca_file(&urls, &self.tls_ca_file));
         let routing = self.routing(check);
 
-        let (relay, (url, redacted_url), routing) = (relay?, url?, routing?);
+        let brokers: Option<Vec<BrokerUrl>> = brokers.into_iter().collect();
+        let (relay, brokers, routing) = (relay?, brokers?, routing?);
         Some(AmqpSettings {
-            url,
-            redacted_url,
+            brokers,
             tls_ca_pem: tls_ca_pem?,
             exchange_type: routing.exchange_type,
             declare_exchange: self.declare_exchange,

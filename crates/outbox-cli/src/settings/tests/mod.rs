@@ -326,6 +326,55 @@ fn unparsable_database_url_is_rejected_without_echoing_it() {
 }
 
 #[test]
+fn amqp_url_takes_a_list_of_brokers_from_the_file_or_the_environment() {
+    let one = load("[amqp]\nurl = \"amqp://mq-1/%2f\"", &[]).unwrap();
+    assert_eq!(one.amqp.redacted_urls(), "amqp://mq-1/%2f");
+    let listed = load(
+        "[amqp]\nurl = [\"amqp://mq-1/%2f\", \"amqps://mq-2:5671/%2f\"]",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        listed.amqp.redacted_urls(),
+        "amqp://mq-1/%2f, amqps://mq-2:5671/%2f"
+    );
+    let from_env = load(
+        "",
+        &[(
+            "OUTBOX_RELAY__AMQP__URL",
+            "amqp://mq-1/%2f, amqp://mq-2/%2f,amqp://mq-3/%2f",
+        )],
+    )
+    .unwrap();
+    let urls: Vec<&str> = from_env
+        .amqp
+        .brokers
+        .iter()
+        .map(|b| b.url.as_str())
+        .collect();
+    assert_eq!(
+        urls,
+        vec!["amqp://mq-1/%2f", "amqp://mq-2/%2f", "amqp://mq-3/%2f"]
+    );
+}
+
+#[test]
+fn a_bad_broker_in_the_list_is_named() {
+    let error = load("[amqp]\nurl = [\"amqp://mq-1/%2f\", \"http://mq-2/\"]", &[]).unwrap_err();
+    assert!(
+        error.contains("amqp.url = \"http://mq-2/\"") && error.contains("amqps://…"),
+        "{error}"
+    );
+    let error = load("[amqp]\nurl = \"amqp://mq-1/%2f,\"", &[]).unwrap_err();
+    assert!(error.contains("amqp.url"), "an empty entry: {error}");
+    let error = load("[amqp]\nurl = 5", &[]).unwrap_err();
+    assert!(
+        error.contains("amqp.url") && error.contains("list of URLs"),
+        "{error}"
+    );
+}
+
+#[test]
 fn amqp_url_of_another_scheme_is_rejected() {
     let error = load("[amqp]\nurl = \"http://mq:5672/\"", &[]).unwrap_err();
     assert!(

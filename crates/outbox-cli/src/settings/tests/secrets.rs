@@ -44,7 +44,7 @@ fn password_from_a_file_goes_into_the_url_and_nowhere_else() {
     .unwrap();
     assert_eq!(config.database.url, "postgres://relay:fr0m-f1le@db/app");
     assert_eq!(config.database.redacted_url, "postgres://relay:***@db/app");
-    assert_eq!(config.amqp.url, "amqp://relay:fr0m-env@mq/%2f");
+    assert_eq!(config.amqp.brokers[0].url, "amqp://relay:fr0m-env@mq/%2f");
     let shown = format!(
         "{}\n{config:?}",
         toml::to_string(&config.effective).unwrap()
@@ -169,12 +169,12 @@ fn amqps_url_with_a_ca_file_is_accepted() {
         &[],
     )
     .unwrap();
+    assert_eq!(config.amqp.redacted_urls(), "amqps://relay:***@mq:5671/%2f");
     assert!(config
         .amqp
         .tls_ca_pem
         .unwrap()
         .contains("BEGIN CERTIFICATE"));
-    assert_eq!(config.amqp.redacted_url, "amqps://relay:***@mq:5671/%2f");
 }
 
 #[test]
@@ -215,4 +215,46 @@ fn tls_ca_file_with_a_plain_amqp_url_is_rejected() {
         error.contains("amqp.tls_ca_file") && error.contains("amqps://"),
         "{error}"
     );
+}
+
+#[test]
+fn every_broker_of_a_cluster_gets_the_password_and_none_shows_it() {
+    let config = load(
+        "[amqp]\nurl = [\"amqp://relay@mq-1/%2f\", \"amqp://relay:own-pw@mq-2/%2f\"]",
+        &[("OUTBOX_RELAY__AMQP__PASSWORD", "cl0ster")],
+    )
+    .unwrap_err();
+    assert!(
+        config.contains("amqp.url") && config.contains("password in one place"),
+        "a URL with its own password beside amqp.password: {config}"
+    );
+    assert!(
+        !config.contains("own-pw") && !config.contains("cl0ster"),
+        "{config}"
+    );
+
+    let config = load(
+        "[amqp]\nurl = [\"amqp://relay@mq-1/%2f\", \"amqp://relay@mq-2/%2f\"]",
+        &[("OUTBOX_RELAY__AMQP__PASSWORD", "cl0ster")],
+    )
+    .unwrap();
+    let urls: Vec<&str> = config.amqp.brokers.iter().map(|b| b.url.as_str()).collect();
+    assert_eq!(
+        urls,
+        vec![
+            "amqp://relay:cl0ster@mq-1/%2f",
+            "amqp://relay:cl0ster@mq-2/%2f"
+        ]
+    );
+    let shown = format!(
+        "{}\n{config:?}",
+        toml::to_string(&config.effective).unwrap()
+    );
+    assert!(!shown.contains("cl0ster"), "{shown}");
+    assert!(
+        shown.contains(r#"url = ["amqp://relay@mq-1/%2f", "amqp://relay@mq-2/%2f"]"#)
+            && shown.contains("amqp://relay:***@mq-2/%2f"),
+        "check-config prints the list as written, the Debug output redacted: {shown}"
+    );
+    assert_eq!(config.secrets.scrub("x cl0ster"), "x ***");
 }

@@ -1,0 +1,188 @@
+//! [`Blocking`]: whether the broker blocks this connection's publishers.
+//!
+//! RabbitMQ sends `connection.blocked` (with a reason such as `low on memory`) when a
+//! resource alarm makes it stop reading from publishing connections, and
+//! `connection.unblocked` when the alarm clears. A publish sent meanwhile is not lost, only
+//! held: timing it out and publishing it again would deliver it twice once the alarm ends.
+//! So publishes wait while the broker blocks, and their `publish_timeout` runs only while
+//! it does not ([`Blocking::clock`]). See docs/design.md#broker-alarms.
+
+use futures_lite::StreamExt;
+use lapin::{Connection, Event};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+/// How often a follower looks whether its connection is still open.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// The broker's reason while it blocks publishers on the current connection, shared by the
+/// link (which follows each connection's events) and its publishers (which wait on it).
+#[derive(Debug, Clone)]
+pub(crate) struct Blocking {
+    reason: Arc<watch::Sender<Option<String>>>,
+}
+
+impl Default for Blocking {
+    fn default() -> Self {
+        Self {
+            reason: Arc::new(watch::channel(None).0),
+        }
+    }
+}
+
+impl Blocking {
+    /// The broker's reason, while it blocks publishers.
+    pub(crate) fn reason(&self) -> Option<String> {
+        self.reason.borrow().clone()
+    }
+
+    /// Follows `connection`'s `connection.blocked` and `connection.unblocked` until the
+    /// connection fails or the returned task is aborted (the link aborts it when it drops
+    /// the connection). Logs one `warn` when a block begins and one `info` when it ends.
+    pub(crate) fn follow(&self, connection: &Connection, url: &str) -> JoinHandle<()> {
+        let mut events = connection.events_listener();
+        let status = connection.status().clone();
+        let reason = Arc::clone(&self.reason);
+        let url = url.to_owned();
+        // lapin sends an event only to listeners that exist: a block announced before
+        // this one did shows only in the status flag.
+        if status.blocked() {
+            block(&reason, &url, "blocked before the relay listened".into());
+        }
+        tokio::spawn(async move {
+            // A lost connection ends a block too (its publishes fail), even while nothing
+            // asks the link for a connection because every publish waits for the unblock.
+            let mut look = tokio::time::interval(LOOK_EVERY);
+            loop {
+                let event = tokio::select! {
+                    event = events.next() => event,
+                    _ = look.tick() => None,
+                };
+                match event {
+                    Some(Event::ConnectionBlocked(why)) => block(&reason, &url, why),
+                    Some(Event::ConnectionUnblocked) => {
+                        unblock(&reason, &url, "the broker unblocked")
+                    }
+                    _ if !status.connected() => {
+                        unblock(&reason, &url, "the connection closed");
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        })
+    }
+
+    /// The connection is gone: a new one starts unblocked (the broker blocks it again at
+    /// its first publish if the alarm lasts).
+    pub(crate) fn forget(&self, url: &str) {
+        unblock(&self.reason, url, "the connection closed");
+    }
+
+    /// Waits until the broker does not block publishers.
+    pub(crate) async fn unblocked(&self) {
+        let mut watching = self.reason.subscribe();
+        // Only fails when the sender is gone, which `self` holds.
+        let _ = watching.wait_for(Option::is_none).await.map(|_| ());
+    }
+
+    /// A future that completes once `budget` has passed while the broker did not block
+    /// publishers: a `publish_timeout` that stands still during an alarm.
+    pub(crate) fn clock(&self, budget: Duration) -> impl Future<Output = ()> + Send + 'static {
+        let mut watching = self.reason.subscribe();
+        async move {
+            let mut left = budget;
+            loop {
+                if watching.wait_for(Option::is_none).await.is_err() {
+                    break;
+                }
+                let running = Instant::now();
+                let blocked = tokio::select! {
+                    () = tokio::time::sleep(left) => return,
+                    blocked = watching.wait_for(Option::is_some) => blocked.is_ok(),
+                };
+                if !blocked {
+                    break;
+                }
+                left = left.saturating_sub(running.elapsed());
+            }
+            // Nobody can block any more: the rest of the budget runs out plainly.
+            tokio::time::sleep(left).await;
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set(&self, reason: Option<&str>) {
+        self.reason.send_replace(reason.map(str::to_owned));
+    }
+}
+
+fn block(reason: &watch::Sender<Option<String>>, url: &str, why: String) {
+    let was = reason.send_replace(Some(why.clone()));
+    if was.is_none() {
+        warn!(%url, reason = %why, "the broker blocks publishers (resource alarm); publishing paused, publish_timeout stands still");
+    }
+}
+
+fn unblock(reason: &watch::Sender<Option<String>>, url: &str, how: &str) {
+    if let Some(why) = reason.send_replace(None) {
+        info!(%url, reason = %why, ended = how, "the broker no longer blocks publishers; publishing resumes");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_clock_runs_only_while_unblocked() {
+        let blocking = Blocking::default();
+        let started = Instant::now();
+        let mut clock = Box::pin(blocking.clock(Duration::from_secs(3)));
+        // 1 s unblocked, then blocked for 10 s.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), &mut clock)
+                .await
+                .is_err(),
+            "1 s of 3 s"
+        );
+        blocking.set(Some("low on memory"));
+        assert!(
+            tokio::time::timeout(Duration::from_secs(10), &mut clock)
+                .await
+                .is_err(),
+            "blocked: the clock stands still"
+        );
+        blocking.set(None);
+        clock.await;
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(13) && took < Duration::from_millis(13_100),
+            "3 s unblocked plus 10 s blocked, took {took:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unblocked_waits_for_the_end_of_a_block() {
+        let blocking = Blocking::default();
+        blocking.unblocked().await;
+        blocking.set(Some("low on disk"));
+        assert_eq!(blocking.reason().as_deref(), Some("low on disk"));
+        let waiting = blocking.unblocked();
+        tokio::pin!(waiting);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), &mut waiting)
+                .await
+                .is_err(),
+            "still blocked"
+        );
+        blocking.forget("amqp://broker");
+        waiting.await;
+        assert_eq!(blocking.reason(), None);
+    }
+}
