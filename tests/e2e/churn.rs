@@ -283,9 +283,9 @@ async fn churn(backend: Backend, duration: Duration) {
         .filter(|id| !arrived.contains(id))
         .collect();
     println!(
-        "churn ({backend:?}, {} s, {NODES} nodes): {} events, {} faults ({} kill -9 and restart, \
-         {} SIGTERM and restart, {} broker cuts, {} database cuts, {} both cut with a restart \
-         during the cut), {} deliveries, {} duplicates, {} order violations, {} lost; every \
+        "churn ({backend:?}, {} s, {NODES} nodes): {} events, {} faults (kill -9 and restart: {}, \
+         SIGTERM and restart: {}, broker cut: {}, database cut: {}, both cut with a restart \
+         during the cut: {}), {} deliveries, {} duplicates, {} order violations, {} lost; every \
          event delivered {:.1} s after the producer stopped; slowest SIGTERM stop {:.2} s; \
          connections refused while down: {} broker, {} database",
         duration.as_secs(),
