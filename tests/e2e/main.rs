@@ -1,6 +1,9 @@
 //! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary. Each test
 //! sets itself up with `outbox_tests::TestApp` (a table, an exchange, settings, a relay).
 
+/// Three nodes, a steady producer and a schedule of kills, SIGTERMs and cuts of the
+/// broker and database links: nothing lost, room order kept, no node exits by itself.
+mod churn;
 /// `--help` and `--version`.
 mod cli;
 /// `amqp.url` as a list of brokers: starting on the one that answers, failing over.

@@ -85,29 +85,49 @@ macro_rules! backend {
     };
 }
 
-/// Checks that, per room, the first delivery of each event arrives in id order; returns
-/// the number of duplicate deliveries.
-pub fn assert_room_order(received: &[Received]) -> usize {
+/// What a run's deliveries say about per-room order.
+#[derive(Debug, Default)]
+pub struct RoomOrder {
+    /// Deliveries of an event already delivered.
+    pub duplicates: usize,
+    /// First deliveries that came after a later event (higher id) of their room, described.
+    pub violations: Vec<String>,
+}
+
+/// Looks at the first delivery of each event, per room, in arrival order: counts the
+/// duplicates and names every first delivery that came after a later event of its room.
+pub fn room_order(received: &[Received]) -> RoomOrder {
     let mut seen = std::collections::HashSet::new();
     let mut last: std::collections::HashMap<String, (i64, String)> =
         std::collections::HashMap::new();
-    let mut duplicates = 0;
+    let mut order = RoomOrder::default();
     for message in received {
         if !seen.insert(message.message_id.clone()) {
-            duplicates += 1;
+            order.duplicates += 1;
             continue;
         }
         let room = message.header("room_id").expect("room_id header");
         let id = message.int_header("outbox_id").expect("outbox_id header");
         let node = message.header("node_id").unwrap_or_default();
         if let Some((previous, by)) = last.insert(room.clone(), (id, node.clone())) {
-            assert!(
-                previous < id,
-                "room {room}: event {id} (from {node}) arrived after {previous} (from {by})"
-            );
+            if previous >= id {
+                order.violations.push(format!(
+                    "room {room}: event {id} (from {node}) arrived after {previous} (from {by})"
+                ));
+            }
         }
     }
-    duplicates
+    order
+}
+
+/// Checks that, per room, the first delivery of each event arrives in id order; returns
+/// the number of duplicate deliveries.
+pub fn assert_room_order(received: &[Received]) -> usize {
+    let order = room_order(received);
+    if let Some(first) = order.violations.first() {
+        panic!("{first}");
+    }
+    order.duplicates
 }
 
 /// Checks that every one of `events` was delivered at least once and that each room's

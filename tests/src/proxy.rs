@@ -60,6 +60,28 @@ impl FaultProxy {
         Self { addr, state }
     }
 
+    /// Starts a proxy to the server `url` names (its host and port; the scheme's port when
+    /// it names none); returns the proxy and `url` pointed at it.
+    pub async fn in_front_of(url: &str) -> (Self, String) {
+        let mut url = url::Url::parse(url).unwrap_or_else(|error| panic!("{url}: {error}"));
+        let host = url.host_str().expect("a URL with a host").to_owned();
+        let port = url.port().unwrap_or(match url.scheme() {
+            "postgres" | "postgresql" => 5432,
+            "mysql" | "mariadb" => 3306,
+            "amqp" => 5672,
+            other => panic!("no default port known for {other}://"),
+        });
+        let target = tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .ok()
+            .and_then(|mut addresses| addresses.next())
+            .unwrap_or_else(|| panic!("{host}:{port} does not resolve"));
+        let proxy = Self::start(target).await;
+        url.set_ip_host(proxy.addr.ip()).expect("a host");
+        url.set_port(Some(proxy.addr.port())).expect("a port");
+        (proxy, url.into())
+    }
+
     /// Closes every open connection; new ones are accepted again at once.
     pub fn cut(&self) {
         self.state.cuts.send_modify(|n| *n += 1);

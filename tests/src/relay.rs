@@ -183,6 +183,11 @@ impl RelayProcess {
         assert!(status.success(), "kill -{signal} failed");
     }
 
+    /// Its exit status if it has exited, without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("child status")
+    }
+
     /// Waits for the exit, at most `deadline`; panics with the log otherwise.
     pub async fn wait(&mut self, deadline: Duration) -> std::process::ExitStatus {
         let until = std::time::Instant::now() + deadline;
