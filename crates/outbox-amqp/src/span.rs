@@ -46,19 +46,22 @@ mod enabled {
     use super::*;
     use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
     use opentelemetry::global::{self, BoxedTracer};
-    use opentelemetry::propagation::{Extractor, Injector};
+    use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
     use opentelemetry::trace::{SpanKind, Status, TraceContextExt as _, Tracer as _};
     use opentelemetry::{Context, KeyValue};
+    use outbox_core::trace::TRACEPARENT;
     use std::sync::OnceLock;
 
-    /// The tracer of every publish span; unset (no spans) until [`enable`].
-    static TRACER: OnceLock<BoxedTracer> = OnceLock::new();
+    /// The tracer of every publish span and the propagator that reads and writes trace
+    /// context in headers; unset (no spans) until [`enable`].
+    static TRACING: OnceLock<(BoxedTracer, Box<dyn TextMapPropagator + Send + Sync>)> =
+        OnceLock::new();
 
     /// Makes every publisher of this process start a span per message, from the global
-    /// tracer provider and text-map propagator (W3C trace context), which the caller has
-    /// installed. Later calls change nothing.
-    pub fn enable() {
-        let _ = TRACER.get_or_init(|| global::tracer("outbox-relay"));
+    /// tracer provider (which the caller has installed), reading and writing trace
+    /// context with `propagator` (W3C trace context). Later calls change nothing.
+    pub fn enable(propagator: impl TextMapPropagator + Send + Sync + 'static) {
+        let _ = TRACING.get_or_init(|| (global::tracer("outbox-relay"), Box::new(propagator)));
     }
 
     /// The span of one message, from hand-off to confirm, in the context that holds it;
@@ -75,13 +78,15 @@ mod enabled {
             routing_key: &str,
             properties: BasicProperties,
         ) -> (BasicProperties, Self) {
-            let Some(tracer) = TRACER.get() else {
+            let Some((tracer, propagator)) = TRACING.get() else {
                 return (properties, Self(None));
             };
             let mut headers = properties.headers().clone().unwrap_or_default();
-            let parent = global::get_text_map_propagator(|propagator| {
-                propagator.extract(&HeaderReader(&headers))
-            });
+            // Most rows carry no trace context: no parse for them.
+            let parent = match headers.contains_key(TRACEPARENT) {
+                true => propagator.extract(&HeaderReader(&headers)),
+                false => Context::new(),
+            };
             // The default exchange has no name; the conventions call it `amq.default`.
             let destination = if exchange.is_empty() {
                 "amq.default"
@@ -111,9 +116,7 @@ mod enabled {
                 ])
                 .start_with_context(tracer, &parent);
             let context = parent.with_span(span);
-            global::get_text_map_propagator(|propagator| {
-                propagator.inject_context(&context, &mut HeaderWriter(&mut headers));
-            });
+            propagator.inject_context(&context, &mut HeaderWriter(&mut headers));
             (properties.with_headers(headers), Self(Some(context)))
         }
 

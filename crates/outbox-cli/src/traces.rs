@@ -62,11 +62,8 @@ impl Traces {
             .with_span_processor(processor)
             .with_resource(resource)
             .build();
-        opentelemetry::global::set_text_map_propagator(
-            opentelemetry_sdk::propagation::TraceContextPropagator::new(),
-        );
         opentelemetry::global::set_tracer_provider(provider.clone());
-        outbox_amqp::span::enable();
+        outbox_amqp::span::enable(opentelemetry_sdk::propagation::TraceContextPropagator::new());
         tracing::info!(endpoint, "exporting a span per published event over OTLP");
         Ok(Some(Self { provider }))
     }
