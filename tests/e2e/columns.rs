@@ -35,6 +35,7 @@ fn claim_all() -> ClaimRequest {
         limit: 100,
         lease: Duration::from_secs(30),
         ordering: Ordering::PerRoom,
+        max_bytes: None,
     }
 }
 

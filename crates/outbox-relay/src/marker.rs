@@ -224,6 +224,7 @@ impl Marker {
                     marker.log_committed(&decided);
                     marker.fetcher.do_send(Marked {
                         count: decided.len(),
+                        bytes: decided.iter().map(|d| d.record.envelope.len()).sum(),
                         unheld: unheld_rooms(&decided),
                     });
                 }
