@@ -3,6 +3,9 @@
 
 /// `--help` and `--version`.
 mod cli;
+/// `relay.max_inflight_bytes`: the claim's byte budget on every backend; large rows
+/// delivered in room order within the budget plus one row.
+mod bytes;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
 /// migrated in place, `plan` as a dry run, `check_columns`' errors.
 mod columns;
