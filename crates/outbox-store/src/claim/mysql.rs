@@ -64,7 +64,7 @@ pub(super) async fn claim(
         }
     };
     let rows = txn.query_all(params.statement(sql)).await?;
-    let mut rows = ClaimedRow::read_all(&rows, reads)?;
+    let mut rows = ClaimedRow::read_all(rows, reads)?;
     if !rows.is_empty() {
         let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
         let mut params = Params::new(dialect);
