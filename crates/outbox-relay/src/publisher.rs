@@ -76,30 +76,50 @@ impl Publisher {
         }
     }
 
-    fn report(&mut self, record: OutboxRecord, kind: OutcomeKind) {
+    /// Tells the Marker what became of `record`, whose envelope was `bytes` long when
+    /// claimed.
+    fn report(&mut self, record: OutboxRecord, kind: OutcomeKind, bytes: usize) {
         if self.ordering == Ordering::PerRoom && kind != OutcomeKind::Published {
             *self.held.entry(record.room_id.clone()).or_default() += 1;
         }
-        self.marker.do_send(Outcome { record, kind });
+        self.marker.do_send(Outcome {
+            record,
+            kind,
+            bytes,
+        });
+    }
+
+    /// [`Publisher::report`] for a record not attempted: given back to the table.
+    fn release(&mut self, record: OutboxRecord) {
+        let bytes = record.envelope.len();
+        self.report(record, OutcomeKind::Released, bytes);
     }
 
     fn start(&mut self, record: OutboxRecord, ctx: &mut Context<Self>) {
         self.in_flight += 1;
         let port = Arc::clone(&self.port);
         async move {
+            let mut record = record;
+            let bytes = record.envelope.len();
             let handed_off = std::time::Instant::now();
             let result = match port.publish(&record).await {
-                Ok(confirm) => confirm.await,
+                Ok(confirm) => {
+                    // The broker's client has its own copy of the body now, and a row that
+                    // fails is read again from the table: holding ours until the confirm
+                    // would keep the bytes twice while large rows are in flight.
+                    record.envelope = Vec::new();
+                    confirm.await
+                }
                 Err(error) => Err(error),
             };
-            (record, result, handed_off.elapsed())
+            (record, bytes, result, handed_off.elapsed())
         }
         .into_actor(self)
-        .map(|(record, result, took), publisher, ctx| {
+        .map(|(record, bytes, result, took), publisher, ctx| {
             if result.is_ok() {
                 publisher.times.acked(took, record.created_at);
             }
-            publisher.finish(record, result, ctx)
+            publisher.finish(record, bytes, result, ctx)
         })
         .spawn(ctx);
     }
@@ -107,6 +127,7 @@ impl Publisher {
     fn finish(
         &mut self,
         record: OutboxRecord,
+        bytes: usize,
         result: Result<(), PublishError>,
         ctx: &mut Context<Self>,
     ) {
@@ -119,6 +140,7 @@ impl Publisher {
                 Ok(()) => OutcomeKind::Published,
                 Err(error) => OutcomeKind::Failed(error),
             },
+            bytes,
         );
         if self.ordering == Ordering::PerRoom {
             let next = match self.rooms.get_mut(&room) {
@@ -131,7 +153,7 @@ impl Publisher {
                     // Failed (hold the room back), draining, or nothing waiting: give the
                     // rest of the room back; its next claim comes after this outcome.
                     for waiting in self.rooms.remove(&room).unwrap_or_default() {
-                        self.report(waiting, OutcomeKind::Released);
+                        self.release(waiting);
                     }
                 }
             }
@@ -165,7 +187,7 @@ impl Handler<Publish> for Publisher {
 
     fn handle(&mut self, Publish(record): Publish, ctx: &mut Self::Context) {
         if self.draining || self.held.contains_key(&record.room_id) {
-            self.report(record, OutcomeKind::Released);
+            self.release(record);
             return;
         }
         if self.ordering == Ordering::PerRoom {
@@ -203,7 +225,7 @@ impl Handler<Drain> for Publisher {
             .flat_map(|queue| queue.drain(..))
             .collect();
         for record in waiting {
-            self.report(record, OutcomeKind::Released);
+            self.release(record);
         }
         let drained = self.drained.wait();
         self.stop_if_drained(ctx);
@@ -222,6 +244,26 @@ mod tests {
         let publisher =
             Publisher::new("room_outbox", port, collector.recipient(), ordering).start();
         (publisher, outcomes)
+    }
+
+    #[actix_rt::test]
+    async fn an_outcome_carries_the_claimed_size_but_not_the_envelope() {
+        let port = FakePublisher::failing(&["a2"]);
+        let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
+        for id in 1..=3 {
+            let mut record = record(id, "a");
+            record.envelope = vec![b'x'; 1_000];
+            publisher.do_send(Publish(record));
+        }
+        let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
+        assert_eq!(seen.kind_of("a1"), "published");
+        assert_eq!(seen.kind_of("a3"), "released");
+        for outcome in &seen {
+            assert_eq!(outcome.bytes, 1_000, "{}", outcome.record.event_id);
+        }
+        // Handed to the broker's client: let go of. Released: never handed over.
+        assert!(seen[0].record.envelope.is_empty());
+        assert_eq!(seen[2].record.envelope.len(), 1_000);
     }
 
     #[actix_rt::test]
