@@ -452,7 +452,10 @@ async fn a_text_key_on_mysql_is_refused_by_name(backend: Backend) {
 per_backend!(a_text_key_on_mysql_is_refused_by_name: mariadb);
 
 /// The table's storage parameters (`pg_class.reloptions`), sorted.
-async fn reloptions(db: &sea_orm::DatabaseConnection, table: &outbox_store::TableName) -> Vec<String> {
+async fn reloptions(
+    db: &sea_orm::DatabaseConnection,
+    table: &outbox_store::TableName,
+) -> Vec<String> {
     use sea_orm::{ConnectionTrait, Statement};
     let sql = format!(
         "SELECT COALESCE(array_to_string(reloptions, ','), '') AS options FROM pg_class \
@@ -491,7 +494,10 @@ async fn postgres_autovacuum_parameters_are_set_on_new_adopted_and_earlier_table
     let (db, t) = (database.db(), &database.table);
     let options = reloptions(db, t).await;
     for option in autovacuum_options() {
-        assert!(options.contains(&option), "{option} missing from {options:?}");
+        assert!(
+            options.contains(&option),
+            "{option} missing from {options:?}"
+        );
     }
     assert!(options.contains(&"fillfactor=70".to_owned()), "{options:?}");
     // Migrating again changes nothing.
@@ -513,7 +519,9 @@ async fn postgres_autovacuum_parameters_are_set_on_new_adopted_and_earlier_table
             "DELETE FROM {{t}}_migrations WHERE name = '{AUTOVACUUM_STEP}'"
         ))
         .await;
-    let steps = outbox_store::plan(db, t, &Columns::default()).await.unwrap();
+    let steps = outbox_store::plan(db, t, &Columns::default())
+        .await
+        .unwrap();
     assert_eq!(steps.len(), 1, "{steps:?}");
     assert_eq!(steps[0].name, AUTOVACUUM_STEP);
     assert_eq!(
@@ -525,7 +533,11 @@ async fn postgres_autovacuum_parameters_are_set_on_new_adopted_and_earlier_table
              autovacuum_vacuum_cost_delay = 2)"
         )]
     );
-    assert_eq!(reloptions(db, t).await, ["fillfactor=70"], "plan changed nothing");
+    assert_eq!(
+        reloptions(db, t).await,
+        ["fillfactor=70"],
+        "plan changed nothing"
+    );
     let applied = outbox_store::migrate(db, t).await.unwrap();
     assert_eq!(applied, [AUTOVACUUM_STEP]);
     assert_eq!(reloptions(db, t).await, options);
@@ -541,7 +553,10 @@ async fn postgres_autovacuum_parameters_are_set_on_new_adopted_and_earlier_table
         .expect("the table is adopted");
     let options = reloptions(db, t).await;
     for option in autovacuum_options() {
-        assert!(options.contains(&option), "{option} missing from {options:?}");
+        assert!(
+            options.contains(&option),
+            "{option} missing from {options:?}"
+        );
     }
     fixture.finish().await;
 }

@@ -1,11 +1,11 @@
 //! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary. Each test
 //! sets itself up with `outbox_tests::TestApp` (a table, an exchange, settings, a relay).
 
-/// `--help` and `--version`.
-mod cli;
 /// `relay.max_inflight_bytes`: the claim's byte budget on every backend; large rows
 /// delivered in room order within the budget plus one row.
 mod bytes;
+/// `--help` and `--version`.
+mod cli;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
 /// migrated in place, `plan` as a dry run, `check_columns`' errors.
 mod columns;

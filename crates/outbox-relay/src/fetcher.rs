@@ -217,7 +217,9 @@ impl Handler<Tick> for Fetcher {
         // row is always claimed, however large, so every row the broker takes flows.
         let byte_room = match self.in_flight {
             0 => self.max_in_flight_bytes,
-            _ => self.max_in_flight_bytes.saturating_sub(self.in_flight_bytes),
+            _ => self
+                .max_in_flight_bytes
+                .saturating_sub(self.in_flight_bytes),
         };
         let room = match byte_room {
             0 => 0,

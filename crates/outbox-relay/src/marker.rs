@@ -137,7 +137,12 @@ impl Marker {
         let now = Utc::now();
         let mut batch = MarkBatch::default();
         let mut decided = Vec::with_capacity(outcomes.len());
-        for Outcome { record, kind, bytes } in outcomes {
+        for Outcome {
+            record,
+            kind,
+            bytes,
+        } in outcomes
+        {
             let resolution = match kind {
                 OutcomeKind::Published => {
                     batch.published.push(record.id);
@@ -268,7 +273,8 @@ impl Marker {
         let stopping = !self.drained.is_empty();
         for Decided {
             record, resolution, ..
-        } in decided {
+        } in decided
+        {
             let error = match resolution {
                 Resolution::Retried { error, .. } | Resolution::Dead { error, .. } => {
                     error.as_str()
@@ -337,8 +343,9 @@ impl Marker {
 fn unheld_rooms(decided: &[Decided]) -> Vec<(String, usize)> {
     let mut rooms: Vec<(String, usize)> = Vec::new();
     for Decided {
-            record, resolution, ..
-        } in decided {
+        record, resolution, ..
+    } in decided
+    {
         if *resolution == Resolution::Published {
             continue;
         }

@@ -91,7 +91,9 @@ impl ClaimedRow {
     /// with large envelopes the claim then holds its bytes about once, not twice (the
     /// driver's copy and ours), which is what the relay's peak memory follows.
     pub(crate) fn read_all(rows: Vec<QueryResult>, reads: &Reads) -> Result<Vec<Self>, DbErr> {
-        rows.into_iter().map(|row| Self::read(&row, reads)).collect()
+        rows.into_iter()
+            .map(|row| Self::read(&row, reads))
+            .collect()
     }
 }
 
