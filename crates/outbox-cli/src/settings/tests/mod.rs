@@ -238,7 +238,10 @@ fn max_inflight_bytes_defaults_to_64_mib_and_zero_means_the_default() {
     let config = load("[relay]\nmax_inflight_bytes = 0", &[]).unwrap();
     assert_eq!(config.relay.max_inflight_bytes, 64 * 1024 * 1024);
     assert!(
-        config.warnings.join("\n").contains("relay.max_inflight_bytes"),
+        config
+            .warnings
+            .join("\n")
+            .contains("relay.max_inflight_bytes"),
         "{:?}",
         config.warnings
     );
