@@ -35,6 +35,7 @@ fn claim_all() -> ClaimRequest {
         limit: 100,
         lease: Duration::from_secs(30),
         ordering: Ordering::PerRoom,
+        max_bytes: None,
     }
 }
 
@@ -128,7 +129,7 @@ async fn relays_a_debezium_table_in_place(backend: Backend) {
     let applied = outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &columns)
         .await
         .expect("the table is adopted");
-    assert_eq!(applied.len(), 4, "{applied:?}");
+    assert_eq!(applied.len(), 5, "{applied:?}");
     // After: ids in no particular order; SQLite also gets a payload that is no UTF-8.
     let mut after = vec![
         (uuid(4, 'f'), "a", json(r#"{"n":4}"#)),
@@ -247,7 +248,7 @@ async fn adopts_the_original_workers_table(backend: Backend) {
         outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &Columns::default())
             .await
             .expect("the table is adopted");
-    assert_eq!(applied.len(), 4, "{applied:?}");
+    assert_eq!(applied.len(), 5, "{applied:?}");
     let store = checked_store(&fixture, Columns::default()).await;
     let stats = store.stats().await.unwrap();
     assert_eq!(
@@ -290,7 +291,7 @@ async fn plan_lists_the_changes_and_makes_none(backend: Backend) {
         .await
         .expect("a plan");
     let names: Vec<&str> = steps.iter().map(|step| step.name).collect();
-    assert_eq!(names.len(), 4, "{names:?}");
+    assert_eq!(names.len(), 5, "{names:?}");
     let adopt = steps[0].statements.join("\n");
     let t = &fixture.table;
     for column in [
@@ -449,3 +450,113 @@ async fn a_text_key_on_mysql_is_refused_by_name(backend: Backend) {
 }
 
 per_backend!(a_text_key_on_mysql_is_refused_by_name: mariadb);
+
+/// The table's storage parameters (`pg_class.reloptions`), sorted.
+async fn reloptions(
+    db: &sea_orm::DatabaseConnection,
+    table: &outbox_store::TableName,
+) -> Vec<String> {
+    use sea_orm::{ConnectionTrait, Statement};
+    let sql = format!(
+        "SELECT COALESCE(array_to_string(reloptions, ','), '') AS options FROM pg_class \
+         WHERE oid = '{table}'::regclass"
+    );
+    let options: String = db
+        .query_one(Statement::from_string(DbBackend::Postgres, sql))
+        .await
+        .expect("pg_class readable")
+        .expect("the table exists")
+        .try_get("", "options")
+        .unwrap();
+    let mut options: Vec<String> = options
+        .split(',')
+        .filter(|option| !option.is_empty())
+        .map(str::to_owned)
+        .collect();
+    options.sort();
+    options
+}
+
+/// The autovacuum parameters as `reloptions` lists them.
+fn autovacuum_options() -> Vec<String> {
+    outbox_store::migration::AUTOVACUUM_PARAMETERS
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect()
+}
+
+const AUTOVACUUM_STEP: &str = "m20261203_000005_set_room_outbox_autovacuum";
+
+#[actix_rt::test]
+async fn postgres_autovacuum_parameters_are_set_on_new_adopted_and_earlier_tables_once() {
+    // A new table (TestDatabase migrates it).
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let (db, t) = (database.db(), &database.table);
+    let options = reloptions(db, t).await;
+    for option in autovacuum_options() {
+        assert!(
+            options.contains(&option),
+            "{option} missing from {options:?}"
+        );
+    }
+    assert!(options.contains(&"fillfactor=70".to_owned()), "{options:?}");
+    // Migrating again changes nothing.
+    let again = outbox_store::migrate(db, t).await.unwrap();
+    assert!(again.is_empty(), "{again:?}");
+    assert_eq!(reloptions(db, t).await, options);
+
+    // A table migrated by a build from before this step: the step, and only it, is due;
+    // `migrate --dry-run` (plan) shows its statement, and changes nothing.
+    let names: Vec<String> = outbox_store::migration::AUTOVACUUM_PARAMETERS
+        .iter()
+        .map(|(name, _)| name.to_string())
+        .collect();
+    database
+        .execute(&format!("ALTER TABLE {{t}} RESET ({})", names.join(", ")))
+        .await;
+    database
+        .execute(&format!(
+            "DELETE FROM {{t}}_migrations WHERE name = '{AUTOVACUUM_STEP}'"
+        ))
+        .await;
+    let steps = outbox_store::plan(db, t, &Columns::default())
+        .await
+        .unwrap();
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0].name, AUTOVACUUM_STEP);
+    assert_eq!(
+        steps[0].statements,
+        [format!(
+            "ALTER TABLE {t} SET (autovacuum_vacuum_scale_factor = 0, \
+             autovacuum_vacuum_threshold = 10000, autovacuum_vacuum_insert_scale_factor = 0, \
+             autovacuum_vacuum_insert_threshold = 10000, autovacuum_vacuum_cost_limit = 2000, \
+             autovacuum_vacuum_cost_delay = 2)"
+        )]
+    );
+    assert_eq!(
+        reloptions(db, t).await,
+        ["fillfactor=70"],
+        "plan changed nothing"
+    );
+    let applied = outbox_store::migrate(db, t).await.unwrap();
+    assert_eq!(applied, [AUTOVACUUM_STEP]);
+    assert_eq!(reloptions(db, t).await, options);
+    database.drop_table().await;
+
+    // An adopted table: the original worker's.
+    let fixture = Fixture::new(Backend::Postgres, "cols").await;
+    create_original(&fixture).await;
+    let (db, t) = (fixture.database.db(), &fixture.table);
+    assert!(reloptions(db, t).await.is_empty());
+    outbox_store::migrate_columns(db, t, &Columns::default())
+        .await
+        .expect("the table is adopted");
+    let options = reloptions(db, t).await;
+    for option in autovacuum_options() {
+        assert!(
+            options.contains(&option),
+            "{option} missing from {options:?}"
+        );
+    }
+    fixture.finish().await;
+}

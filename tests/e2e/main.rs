@@ -1,6 +1,9 @@
 //! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary. Each test
 //! sets itself up with `outbox_tests::TestApp` (a table, an exchange, settings, a relay).
 
+/// `relay.max_inflight_bytes`: the claim's byte budget on every backend; large rows
+/// delivered in room order within the budget plus one row.
+mod bytes;
 /// Three nodes, a steady producer and a schedule of kills, SIGTERMs and cuts of the
 /// broker and database links: nothing lost, room order kept, no node exits by itself.
 mod churn;

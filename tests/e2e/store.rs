@@ -14,6 +14,7 @@ fn claim(node: &str, limit: usize, ordering: Ordering) -> ClaimRequest {
         limit,
         lease: Duration::from_secs(30),
         ordering,
+        max_bytes: None,
     }
 }
 

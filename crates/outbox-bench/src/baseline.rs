@@ -45,9 +45,10 @@ impl Baseline {
     }
 }
 
-/// Publishes `events` 512-byte persistent messages to a durable topic exchange bound to one
-/// durable queue, with 256 and then 1024 confirms in flight; returns the better run.
-pub async fn run(events: usize) -> anyhow::Result<Baseline> {
+/// Publishes `events` persistent messages of `body_bytes` bytes to a durable topic exchange
+/// bound to one durable queue, with 256 and then 1024 confirms in flight; returns the
+/// better run.
+pub async fn run(events: usize, body_bytes: usize) -> anyhow::Result<Baseline> {
     let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
         .await
         .context("cannot connect to RabbitMQ (start it with `rabbitmq-server -detached`)")?;
@@ -60,7 +61,7 @@ pub async fn run(events: usize) -> anyhow::Result<Baseline> {
     // Nobody consumes it: the run measures the publishing side alone.
     let tap = Tap::open(channel, TapQueue::Durable(name.clone()), &name, "#").await?;
     let channel = tap.channel();
-    let body = vec![b'x'; 512];
+    let body = vec![b'x'; body_bytes];
     let mut best = Baseline {
         events,
         rate: 0.0,

@@ -47,6 +47,9 @@ struct BaselineArgs {
     /// Messages to publish per window size.
     #[arg(long, default_value_t = 100_000)]
     events: usize,
+    /// Bytes per message body.
+    #[arg(long, default_value_t = 512)]
+    envelope_bytes: usize,
 }
 
 fn main() -> ExitCode {
@@ -55,7 +58,7 @@ fn main() -> ExitCode {
     let result = system.block_on(async move {
         match cli.scenario {
             Scenario::Drain(args) => scenario::drain(args).await,
-            Scenario::Baseline(args) => baseline::run(args.events)
+            Scenario::Baseline(args) => baseline::run(args.events, args.envelope_bytes)
                 .await
                 .map(|result| result.print()),
             Scenario::Latency(args) => scenario::latency(args).await,

@@ -62,6 +62,13 @@ pub struct DrainArgs {
     /// nobody has consumed yet only once it is on disk, so confirms come later.
     #[arg(long)]
     consume_after: bool,
+    /// Bytes of each pre-filled envelope (at least 64); the lapin baseline publishes
+    /// bodies of the same size.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(64..))]
+    envelope_bytes: u64,
+    /// `relay.max_inflight_bytes`; default: the setting's default.
+    #[arg(long)]
+    max_inflight_bytes: Option<i64>,
     /// With a span per event exported over OTLP to a sink process (`telemetry.otlp_endpoint`;
     /// needs `--features otel`): the cost of tracing.
     #[arg(long)]
@@ -251,12 +258,12 @@ impl Bench {
     }
 }
 
-/// A 512-byte JSON envelope.
-fn event(run: &str, n: usize, rooms: usize) -> NewEvent {
+/// A JSON envelope of `bytes` bytes (more if the ids alone are longer).
+fn event(run: &str, n: usize, rooms: usize, bytes: usize) -> NewEvent {
     let room_id = format!("room-{}", n % rooms);
     let event_id = format!("{run}-{n:08}");
     let mut envelope = format!(r#"{{"event_id":"{event_id}","room_id":"{room_id}","text":""#);
-    envelope.push_str(&"x".repeat(512usize.saturating_sub(envelope.len() + 2)));
+    envelope.push_str(&"x".repeat(bytes.saturating_sub(envelope.len() + 2)));
     envelope.push_str("\"}");
     NewEvent {
         event_id,
@@ -308,8 +315,8 @@ pub(crate) fn round(value: f64, digits: i32) -> f64 {
 pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
     let backend = format!("{:?}", args.backend).to_lowercase();
     println!(
-        "drain: {backend}, {} events, {} rooms, {} outbox(es) with {} publishers each, batch {}, ordering {}",
-        args.events, args.rooms, args.outboxes, args.publishers, args.batch_size, args.ordering
+        "drain: {backend}, {} events of {} bytes, {} rooms, {} outbox(es) with {} publishers each, batch {}, ordering {}",
+        args.events, args.envelope_bytes, args.rooms, args.outboxes, args.publishers, args.batch_size, args.ordering
     );
     // One sink and one exporter for every run: spans of a run still queued when it ends
     // leave during the next (a second, at most: the exporter's batch delay).
@@ -395,6 +402,9 @@ fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
         "peak_rss_mib": round(pick(|r| r.rss_mib), 1),
         "duplicates": runs.iter().map(|r| r.duplicates).sum::<usize>(),
         "consume_after": args.consume_after, "outboxes": args.outboxes, "otlp": args.otlp,
+        "envelope_bytes": args.envelope_bytes,
+        "mb_per_sec": round(pick(|r| r.rate) * args.envelope_bytes as f64 / 1e6, 1),
+        "max_inflight_bytes": args.max_inflight_bytes,
     });
     if runs.iter().all(|r| r.baseline.is_some()) && !runs.is_empty() {
         json["baseline_events_per_sec"] = pick(|r| r.baseline.unwrap_or(0.0)).round().into();
@@ -409,6 +419,9 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     let bench = Bench::setup(args.backend, |settings| {
         settings.relay.publishers = args.publishers;
         settings.relay.batch_size = args.batch_size;
+        if let Some(bytes) = args.max_inflight_bytes {
+            settings.relay.max_inflight_bytes = bytes;
+        }
         settings.relay.ordering = args.ordering.as_str().into();
         if args.outboxes > 1 {
             // Same exchange, mapping and options for each: only the table differs.
@@ -427,10 +440,14 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     // With several outboxes, a room's events all go to one of them (room order is kept
     // within a table), the rooms dealt out in turn.
     let outboxes = bench.outboxes.len();
-    for start in (0..args.events).step_by(PREFILL_CHUNK) {
+    let envelope_bytes = args.envelope_bytes as usize;
+    // Chunks of at most PREFILL_BYTES too: large envelopes stay within MariaDB's packet
+    // limit, and the prefill's memory out of the relay's peak RSS.
+    let chunk = PREFILL_CHUNK.min(PREFILL_BYTES / envelope_bytes).max(1);
+    for start in (0..args.events).step_by(chunk) {
         let mut chunks: Vec<Vec<NewEvent>> = vec![Vec::new(); outboxes];
-        for n in start..args.events.min(start + PREFILL_CHUNK) {
-            chunks[(n % args.rooms) % outboxes].push(event(&run, n, args.rooms));
+        for n in start..args.events.min(start + chunk) {
+            chunks[(n % args.rooms) % outboxes].push(event(&run, n, args.rooms, envelope_bytes));
         }
         for (outbox, chunk) in bench.outboxes.iter().zip(&chunks) {
             insert_events(outbox.store.connection(), outbox.store.table(), chunk).await?;
@@ -476,7 +493,7 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     let baseline = if args.no_baseline {
         None
     } else {
-        Some(baseline::run(args.events).await?)
+        Some(baseline::run(args.events, args.envelope_bytes as usize).await?)
     };
     Ok(DrainRun {
         seconds,
@@ -511,6 +528,8 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<()> {
                 consume_after: false,
                 outboxes: 1,
                 otlp: false,
+                envelope_bytes: 512,
+                max_inflight_bytes: None,
             };
             let mut runs = Vec::with_capacity(args.runs);
             for _ in 0..args.runs.max(1) {
@@ -532,6 +551,8 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<()> {
 
 /// Rows per prefill INSERT.
 const PREFILL_CHUNK: usize = 500;
+/// Envelope bytes per pre-fill statement, at most (one event when larger).
+const PREFILL_BYTES: usize = 8 * 1024 * 1024;
 
 /// Commit → delivery percentiles of one `latency` run, in milliseconds.
 #[derive(Debug, Clone, Copy)]
@@ -608,7 +629,7 @@ async fn latency_once(args: &LatencyArgs) -> anyhow::Result<LatencyRun> {
     let run = bench.store.table().as_str().to_owned();
     // One event past the timed ones (the consumer ignores it), relayed and marked before
     // the clock starts: the first timed event finds the relay idle, not starting up.
-    let warm_up = event(&run, total, args.rooms);
+    let warm_up = event(&run, total, args.rooms, 512);
     insert_events(bench.store.connection(), bench.store.table(), &[warm_up]).await?;
     bench.wait_all_marked(Duration::from_secs(60)).await?;
     let mut committed = vec![0i64; total];
@@ -616,7 +637,7 @@ async fn latency_once(args: &LatencyArgs) -> anyhow::Result<LatencyRun> {
     let period = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
     for (n, at) in committed.iter_mut().enumerate() {
         tokio::time::sleep_until(started + period * n as u32).await;
-        let event = event(&run, n, args.rooms);
+        let event = event(&run, n, args.rooms, 512);
         insert_events(bench.store.connection(), bench.store.table(), &[event]).await?;
         // Taken once the commit returned: the moment the event exists for everyone else.
         *at = unix_nanos();

@@ -51,6 +51,9 @@ pub struct RelayOptions {
     pub poll_interval: Duration,
     /// Rows per claim.
     pub batch_size: usize,
+    /// Bound on the envelope bytes of claimed rows whose outcome is not written yet, give
+    /// or take one row: a claim always takes at least one row, however large.
+    pub max_inflight_bytes: usize,
     /// How long a publish may wait for the broker's confirm.
     pub publish_timeout: Duration,
     /// What a failed publish leads to.

@@ -87,6 +87,9 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// Whether a row may be claimed while an earlier row of its room is still unresolved.
     pub ordering: Ordering,
+    /// At most this many envelope bytes, counted in id order, except that the first row is
+    /// always taken: a claim holds less than `max_bytes` plus its last row. `None`: no bound.
+    pub max_bytes: Option<usize>,
 }
 
 /// The finished rows a purge deletes. Pending rows are never purged: they are events that

@@ -193,7 +193,19 @@ impl OutboxStore for FakeStore {
             return Err(StoreError::Database("connection reset".into()));
         }
         let mut claimable = self.claimable.lock().unwrap();
-        let take = request.limit.min(claimable.len());
+        let mut take = request.limit.min(claimable.len());
+        if let Some(max_bytes) = request.max_bytes {
+            // The real claim's rule: each row whose earlier rows sum to less than the budget.
+            let mut before = 0;
+            take = claimable[..take]
+                .iter()
+                .take_while(|record| {
+                    let fits = before < max_bytes;
+                    before += record.envelope.len();
+                    fits
+                })
+                .count();
+        }
         Ok(claimable.drain(..take).collect())
     }
 

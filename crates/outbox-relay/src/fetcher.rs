@@ -31,6 +31,8 @@ pub struct TickReport {
 pub struct Marked {
     /// How many rows.
     pub count: usize,
+    /// Their envelopes' bytes: budget for new claims (`relay.max_inflight_bytes`).
+    pub bytes: usize,
     /// Per room, how many of them were failures or releases (which hold their room back
     /// in its Publisher until written).
     pub unheld: Vec<(String, usize)>,
@@ -76,7 +78,8 @@ pub struct StopClaiming;
 pub struct Stop;
 
 /// Claims up to `batch_size` rows per [`Tick`], one claim at a time (the Tick handler is
-/// atomic), keeps the rows in flight below `max_in_flight`, and sends each record to the
+/// atomic), keeps the rows in flight below `max_in_flight` and their envelope bytes below
+/// `max_in_flight_bytes` (plus one row: a claim always takes at least one), and sends each record to the
 /// publisher picked by a stable hash of its room: one room always goes through one
 /// publisher, which keeps the room's order.
 pub struct Fetcher {
@@ -95,6 +98,11 @@ pub struct Fetcher {
     in_flight: usize,
     /// Bound on `in_flight`; also bounds the outcomes waiting in the Marker.
     max_in_flight: usize,
+    /// Envelope bytes of the rows in `in_flight`.
+    in_flight_bytes: usize,
+    /// Bound on `in_flight_bytes`, give or take the last row of a claim: what the relay's
+    /// memory follows when rows are large (`relay.max_inflight_bytes`).
+    max_in_flight_bytes: usize,
     /// Shutdown has begun: no more claims.
     stopped: bool,
     /// After a failed claim: no claim before this instant ([`CLAIM_BACKOFF`]).
@@ -125,7 +133,8 @@ pub const CLAIM_BACKOFF: Backoff =
 
 impl Fetcher {
     /// A fetcher of outbox `outbox` claiming `request.limit` rows at a time with at most
-    /// `max_in_flight` unresolved rows.
+    /// `max_in_flight` unresolved rows of at most `max_in_flight_bytes` envelope bytes
+    /// (exceeded by one row at most). `request.max_bytes` is set per claim.
     pub fn new(
         outbox: &str,
         store: Arc<dyn OutboxStore>,
@@ -133,6 +142,7 @@ impl Fetcher {
         scheduler: Recipient<Wake>,
         request: ClaimRequest,
         max_in_flight: usize,
+        max_in_flight_bytes: usize,
     ) -> Self {
         assert!(
             !publishers.is_empty(),
@@ -146,6 +156,8 @@ impl Fetcher {
             request,
             in_flight: 0,
             max_in_flight: max_in_flight.max(1),
+            in_flight_bytes: 0,
+            max_in_flight_bytes: max_in_flight_bytes.max(1),
             stopped: false,
             retry_at: None,
             unsure: false,
@@ -201,7 +213,18 @@ impl Handler<Tick> for Fetcher {
     type Result = AtomicResponse<Self, TickReport>;
 
     fn handle(&mut self, _: Tick, _: &mut Self::Context) -> Self::Result {
-        let room = self.max_in_flight.saturating_sub(self.in_flight);
+        // Bytes are a bound only once something is in flight: with nothing in flight one
+        // row is always claimed, however large, so every row the broker takes flows.
+        let byte_room = match self.in_flight {
+            0 => self.max_in_flight_bytes,
+            _ => self
+                .max_in_flight_bytes
+                .saturating_sub(self.in_flight_bytes),
+        };
+        let room = match byte_room {
+            0 => 0,
+            _ => self.max_in_flight.saturating_sub(self.in_flight),
+        };
         let backing_off = self.retry_at.is_some_and(|at| Instant::now() < at);
         let waiting_for_orphans = self.unsure && self.in_flight > 0;
         if room == 0 || waiting_for_orphans {
@@ -215,6 +238,7 @@ impl Handler<Tick> for Fetcher {
             request.limit = room;
             self.deferred = true;
         }
+        request.max_bytes = Some(byte_room);
         let store = Arc::clone(&self.store);
         let release_first = self.unsure;
         AtomicResponse::new(Box::pin(
@@ -230,7 +254,7 @@ impl Handler<Tick> for Fetcher {
                 (request.limit, claimed, started.elapsed())
             }
             .into_actor(self)
-            .map(|(limit, claimed, took), fetcher, ctx| match claimed {
+            .map(move |(limit, claimed, took), fetcher, ctx| match claimed {
                 Ok(records) => {
                     fetcher.unsure = false;
                     if fetcher.retry_at.take().is_some() {
@@ -238,15 +262,21 @@ impl Handler<Tick> for Fetcher {
                     }
                     fetcher.backoff.reset();
                     let claimed = records.len();
+                    let bytes: usize = records.iter().map(|record| record.envelope.len()).sum();
                     fetcher.sizes.claimed(claimed);
                     fetcher.in_flight += claimed;
+                    fetcher.in_flight_bytes += bytes;
+                    if bytes >= byte_room {
+                        // Cut short by the byte budget: claim again once outcomes free some.
+                        fetcher.deferred = true;
+                    }
                     let pool = fetcher.publishers.len();
                     for record in records {
                         let index = publisher_for(&record.room_id, pool);
                         fetcher.publishers[index].publish.do_send(Publish(record));
                     }
                     if claimed > 0 {
-                        debug!(outbox = %fetcher.outbox, claimed, in_flight = fetcher.in_flight, ?took, "claimed");
+                        debug!(outbox = %fetcher.outbox, claimed, bytes, in_flight = fetcher.in_flight, in_flight_bytes = fetcher.in_flight_bytes, ?took, "claimed");
                     }
                     TickReport {
                         claimed,
@@ -278,6 +308,10 @@ impl Handler<Marked> for Fetcher {
 
     fn handle(&mut self, marked: Marked, _: &mut Self::Context) {
         self.in_flight = self.in_flight.saturating_sub(marked.count);
+        self.in_flight_bytes = match self.in_flight {
+            0 => 0,
+            _ => self.in_flight_bytes.saturating_sub(marked.bytes),
+        };
         // Forwarded from here, not sent by the Marker directly: Tick is atomic, so no claim
         // is under way now, and every row claimed before this commit has already been sent
         // to its publisher ahead of this Unhold. A claim that starts later sees the commit.
@@ -329,7 +363,7 @@ impl Handler<StopClaiming> for Fetcher {
 mod tests {
     use super::*;
     use crate::fakes::{eventually, record, Collector, FakeStore};
-    use outbox_core::Ordering;
+    use outbox_core::{Ordering, OutboxRecord};
     use std::sync::atomic::Ordering as AtomicOrdering;
 
     /// A fetcher with a pool of one collecting publisher, and the Scheduler's view.
@@ -341,6 +375,10 @@ mod tests {
     }
 
     fn rig(store: Arc<FakeStore>, lease: Duration) -> Rig {
+        budgeted_rig(store, lease, usize::MAX)
+    }
+
+    fn budgeted_rig(store: Arc<FakeStore>, lease: Duration, max_bytes: usize) -> Rig {
         let (publish, published) = Collector::<Publish>::start();
         let (unhold, _) = Collector::<Unhold>::start();
         let (scheduler, wakes) = Collector::<Wake>::start();
@@ -353,6 +391,7 @@ mod tests {
             limit: 10,
             lease,
             ordering: Ordering::PerRoom,
+            max_bytes: None,
         };
         let fetcher = Fetcher::new(
             "room_outbox",
@@ -361,6 +400,7 @@ mod tests {
             scheduler.clone().recipient(),
             request,
             20,
+            max_bytes,
         )
         .start();
         Rig {
@@ -417,12 +457,14 @@ mod tests {
         );
         fetcher.do_send(Marked {
             count: 5,
+            bytes: 0,
             unheld: Vec::new(),
         });
         assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 5);
         fetcher.do_send(StopClaiming);
         fetcher.do_send(Marked {
             count: 25,
+            bytes: 0,
             unheld: Vec::new(),
         });
         assert_eq!(
@@ -430,6 +472,90 @@ mod tests {
             0,
             "stopped: no more claims"
         );
+    }
+
+    /// A record of room `room` whose envelope is `bytes` long.
+    fn sized(id: i64, room: &str, bytes: usize) -> OutboxRecord {
+        let mut record = record(id, room);
+        record.envelope = vec![b'x'; bytes];
+        record
+    }
+
+    fn marked(count: usize, bytes: usize) -> Marked {
+        Marked {
+            count,
+            bytes,
+            unheld: Vec::new(),
+        }
+    }
+
+    #[actix_rt::test]
+    async fn large_rows_are_claimed_within_the_byte_budget() {
+        let store = Arc::new(FakeStore::default());
+        store
+            .claimable
+            .lock()
+            .unwrap()
+            .extend((1..=12).map(|id| sized(id, if id % 2 == 0 { "a" } else { "b" }, 1_000)));
+        let rig = budgeted_rig(Arc::clone(&store), Duration::from_secs(30), 2_500);
+        // 0, 1,000 and 2,000 bytes before: three rows, 3,000 bytes (the budget plus one row).
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 3);
+        assert_eq!(
+            rig.fetcher.send(Tick).await.unwrap().claimed,
+            0,
+            "the budget is spent"
+        );
+        // 2,000 bytes in flight: 500 left, so one more row, however large.
+        rig.fetcher.do_send(marked(1, 1_000));
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 1);
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 0);
+        rig.fetcher.do_send(marked(3, 3_000));
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 3);
+        let ids: Vec<i64> = rig
+            .published
+            .wait_for(7, Duration::from_secs(5))
+            .await
+            .iter()
+            .map(|Publish(record)| record.id)
+            .collect();
+        assert_eq!(ids, (1..=7).collect::<Vec<_>>(), "claimed in id order");
+    }
+
+    #[actix_rt::test]
+    async fn a_row_larger_than_the_byte_budget_still_flows_one_at_a_time() {
+        let store = Arc::new(FakeStore::default());
+        store
+            .claimable
+            .lock()
+            .unwrap()
+            .extend((1..=3).map(|id| sized(id, "a", 10_000)));
+        let rig = budgeted_rig(Arc::clone(&store), Duration::from_secs(30), 100);
+        for _ in 0..3 {
+            assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 1);
+            assert_eq!(
+                rig.fetcher.send(Tick).await.unwrap().claimed,
+                0,
+                "one row at a time"
+            );
+            rig.fetcher.do_send(marked(1, 10_000));
+        }
+        rig.published.wait_for(3, Duration::from_secs(5)).await;
+    }
+
+    #[actix_rt::test]
+    async fn a_claim_cut_by_the_byte_budget_is_woken_by_the_next_written_outcome() {
+        let store = Arc::new(FakeStore::default());
+        store
+            .claimable
+            .lock()
+            .unwrap()
+            .extend((1..=4).map(|id| sized(id, "a", 1_000)));
+        let rig = budgeted_rig(Arc::clone(&store), Duration::from_secs(30), 1_500);
+        rig.fetcher.do_send(InsertsAnnounced(true));
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 2);
+        // Announced inserts wake the Scheduler only for a claim that waited: this one did.
+        rig.fetcher.do_send(marked(2, 2_000));
+        rig.wakes.wait_for(1, Duration::from_secs(5)).await;
     }
 
     #[actix_rt::test]
@@ -453,6 +579,7 @@ mod tests {
         assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 10);
         rig.fetcher.do_send(Marked {
             count: 5,
+            bytes: 0,
             unheld: Vec::new(),
         });
         rig.fetcher.send(Tick).await.unwrap();
@@ -465,10 +592,12 @@ mod tests {
         rig.fetcher.send(Tick).await.unwrap();
         rig.fetcher.do_send(Marked {
             count: 1,
+            bytes: 0,
             unheld: Vec::new(),
         });
         rig.fetcher.do_send(Marked {
             count: 1,
+            bytes: 0,
             unheld: Vec::new(),
         });
         rig.fetcher.send(Tick).await.unwrap();
@@ -491,6 +620,7 @@ mod tests {
         assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 2);
         rig.fetcher.do_send(Marked {
             count: 1,
+            bytes: 0,
             unheld: Vec::new(),
         });
         rig.wakes.wait_for(1, Duration::from_secs(5)).await;
@@ -499,6 +629,7 @@ mod tests {
         rig.fetcher.do_send(InsertsAnnounced(false));
         rig.fetcher.do_send(Marked {
             count: 1,
+            bytes: 0,
             unheld: Vec::new(),
         });
         rig.wakes.wait_for(2, Duration::from_secs(5)).await;
@@ -529,6 +660,7 @@ mod tests {
         assert_eq!(store.node_releases.load(AtomicOrdering::SeqCst), 0);
         fetcher.do_send(Marked {
             count: 10,
+            bytes: 0,
             unheld: Vec::new(),
         });
         assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 5);

@@ -21,6 +21,9 @@ pub struct Outcome {
     pub record: OutboxRecord,
     /// What happened to it.
     pub kind: OutcomeKind,
+    /// Its envelope's size as claimed, for the Fetcher's byte budget ([`Marked::bytes`]):
+    /// the Publisher lets go of a published envelope once the broker's client has its copy.
+    pub bytes: usize,
 }
 
 /// Write every outcome that waits or still arrives, then stop (shutdown, once the
@@ -75,6 +78,8 @@ pub(crate) enum Resolution {
 struct Decided {
     record: OutboxRecord,
     resolution: Resolution,
+    /// [`Outcome::bytes`].
+    bytes: usize,
 }
 
 /// Batches outcomes into one transaction per flush and serialises the flushes. Outcomes
@@ -132,7 +137,12 @@ impl Marker {
         let now = Utc::now();
         let mut batch = MarkBatch::default();
         let mut decided = Vec::with_capacity(outcomes.len());
-        for Outcome { record, kind } in outcomes {
+        for Outcome {
+            record,
+            kind,
+            bytes,
+        } in outcomes
+        {
             let resolution = match kind {
                 OutcomeKind::Published => {
                     batch.published.push(record.id);
@@ -169,7 +179,11 @@ impl Marker {
                     }
                 }
             };
-            decided.push(Decided { record, resolution });
+            decided.push(Decided {
+                record,
+                resolution,
+                bytes,
+            });
         }
         (batch, decided)
     }
@@ -224,6 +238,7 @@ impl Marker {
                     marker.log_committed(&decided);
                     marker.fetcher.do_send(Marked {
                         count: decided.len(),
+                        bytes: decided.iter().map(|d| d.bytes).sum(),
                         unheld: unheld_rooms(&decided),
                     });
                 }
@@ -256,7 +271,10 @@ impl Marker {
         let outbox = self.options.outbox.as_str();
         let node_id = self.options.node_id.as_str();
         let stopping = !self.drained.is_empty();
-        for Decided { record, resolution } in decided {
+        for Decided {
+            record, resolution, ..
+        } in decided
+        {
             let error = match resolution {
                 Resolution::Retried { error, .. } | Resolution::Dead { error, .. } => {
                     error.as_str()
@@ -324,7 +342,10 @@ impl Marker {
 /// `published`.
 fn unheld_rooms(decided: &[Decided]) -> Vec<(String, usize)> {
     let mut rooms: Vec<(String, usize)> = Vec::new();
-    for Decided { record, resolution } in decided {
+    for Decided {
+        record, resolution, ..
+    } in decided
+    {
         if *resolution == Resolution::Published {
             continue;
         }
@@ -399,6 +420,7 @@ mod tests {
         Outcome {
             record,
             kind: OutcomeKind::Failed(PublishError::Timeout(Duration::from_secs(3))),
+            bytes: 2,
         }
     }
 
@@ -406,6 +428,7 @@ mod tests {
         Outcome {
             record: record(id, "b"),
             kind: OutcomeKind::Published,
+            bytes: 2,
         }
     }
 
@@ -547,6 +570,7 @@ mod tests {
         let released = Outcome {
             record: record(2, "c"),
             kind: OutcomeKind::Released,
+            bytes: 2,
         };
         marker.send(released).await.unwrap();
         assert!(

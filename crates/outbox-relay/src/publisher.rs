@@ -47,8 +47,9 @@ pub struct Publisher {
     rooms: HashMap<String, VecDeque<OutboxRecord>>,
     /// Under `per_room`: rooms held back, with their failures and releases not yet written.
     held: HashMap<String, usize>,
-    /// Publishes awaiting their confirm, by start number: their task and their record.
-    in_flight: HashMap<u64, (SpawnHandle, Arc<OutboxRecord>)>,
+    /// Publishes awaiting their confirm, by start number: their task, their record
+    /// without its body, and the body's size when claimed.
+    in_flight: HashMap<u64, (SpawnHandle, OutboxRecord, usize)>,
     /// Start number of the next publish.
     next_start: u64,
     /// Set by [`Drain`]: answered once `in_flight` is empty.
@@ -93,41 +94,70 @@ impl Publisher {
         self
     }
 
-    fn report(&mut self, record: OutboxRecord, kind: OutcomeKind) {
+    /// Tells the Marker what became of `record`, whose envelope was `bytes` long when
+    /// claimed.
+    fn report(&mut self, record: OutboxRecord, kind: OutcomeKind, bytes: usize) {
         if self.ordering == Ordering::PerRoom && kind != OutcomeKind::Published {
             *self.held.entry(record.room_id.clone()).or_default() += 1;
         }
-        self.marker.do_send(Outcome { record, kind });
+        self.marker.do_send(Outcome {
+            record,
+            kind,
+            bytes,
+        });
+    }
+
+    /// [`Publisher::report`] for a record not attempted: given back to the table.
+    fn release(&mut self, record: OutboxRecord) {
+        let bytes = record.envelope.len();
+        self.report(record, OutcomeKind::Released, bytes);
     }
 
     fn start(&mut self, record: OutboxRecord, ctx: &mut Context<Self>) {
         let start = self.next_start;
         self.next_start += 1;
-        let record = Arc::new(record);
         let port = Arc::clone(&self.port);
-        let publishing = Arc::clone(&record);
+        let bytes = record.envelope.len();
+        // What a drain needs to release the row if it abandons the publish: the record
+        // without its body (the task owns that, and drops it once the broker's client has
+        // its own copy).
+        let kept = OutboxRecord {
+            id: record.id,
+            event_id: record.event_id.clone(),
+            event_type: record.event_type.clone(),
+            room_id: record.room_id.clone(),
+            envelope: Vec::new(),
+            headers: record.headers.clone(),
+            retry_count: record.retry_count,
+            created_at: record.created_at,
+        };
         let publishing_task = async move {
+            let mut record = record;
             let handed_off = std::time::Instant::now();
-            let result = match port.publish(&publishing).await {
-                Ok(confirm) => confirm.await,
+            let result = match port.publish(&record).await {
+                Ok(confirm) => {
+                    // The broker's client has its own copy of the body now, and a row that
+                    // fails is read again from the table: holding ours until the confirm
+                    // would keep the bytes twice while large rows are in flight.
+                    record.envelope = Vec::new();
+                    confirm.await
+                }
                 Err(error) => Err(error),
             };
-            (result, handed_off.elapsed())
+            (record, result, handed_off.elapsed())
         }
         .into_actor(self)
-        .map(move |(result, took), publisher, ctx| {
-            let Some((_, record)) = publisher.in_flight.remove(&start) else {
+        .map(move |(record, result, took), publisher, ctx| {
+            if publisher.in_flight.remove(&start).is_none() {
                 return; // abandoned by a drain meanwhile
-            };
-            // The task's clone is gone with the task.
-            let record = Arc::unwrap_or_clone(record);
+            }
             if result.is_ok() {
                 publisher.times.acked(took, record.created_at);
             }
-            publisher.finish(record, result, ctx)
+            publisher.finish(record, bytes, result, ctx)
         });
         let handle = ctx.spawn(publishing_task);
-        self.in_flight.insert(start, (handle, record));
+        self.in_flight.insert(start, (handle, kept, bytes));
     }
 
     /// The drain's limit passed: the publishes still in flight are abandoned (a broker that
@@ -141,11 +171,10 @@ impl Publisher {
             "publishes still unconfirmed when the shutdown's bound passed: abandoned, their rows released"
         );
         let abandoned: Vec<_> = self.in_flight.drain().map(|(_, entry)| entry).collect();
-        for (handle, record) in abandoned {
+        for (handle, record, bytes) in abandoned {
             ctx.cancel_future(handle);
-            let record = Arc::unwrap_or_clone(record);
             self.rooms.remove(&record.room_id);
-            self.report(record, OutcomeKind::Released);
+            self.report(record, OutcomeKind::Released, bytes);
         }
         self.stop_if_drained(ctx);
     }
@@ -153,6 +182,7 @@ impl Publisher {
     fn finish(
         &mut self,
         record: OutboxRecord,
+        bytes: usize,
         result: Result<(), PublishError>,
         ctx: &mut Context<Self>,
     ) {
@@ -164,6 +194,7 @@ impl Publisher {
                 Ok(()) => OutcomeKind::Published,
                 Err(error) => OutcomeKind::Failed(error),
             },
+            bytes,
         );
         if self.ordering == Ordering::PerRoom {
             let next = match self.rooms.get_mut(&room) {
@@ -176,7 +207,7 @@ impl Publisher {
                     // Failed (hold the room back), draining, or nothing waiting: give the
                     // rest of the room back; its next claim comes after this outcome.
                     for waiting in self.rooms.remove(&room).unwrap_or_default() {
-                        self.report(waiting, OutcomeKind::Released);
+                        self.release(waiting);
                     }
                 }
             }
@@ -210,7 +241,7 @@ impl Handler<Publish> for Publisher {
 
     fn handle(&mut self, Publish(record): Publish, ctx: &mut Self::Context) {
         if self.draining || self.held.contains_key(&record.room_id) {
-            self.report(record, OutcomeKind::Released);
+            self.release(record);
             return;
         }
         if self.ordering == Ordering::PerRoom {
@@ -248,7 +279,7 @@ impl Handler<Drain> for Publisher {
             .flat_map(|queue| queue.drain(..))
             .collect();
         for record in waiting {
-            self.report(record, OutcomeKind::Released);
+            self.release(record);
         }
         let drained = self.drained.wait();
         if let Some(limit) = self.drain_limit {
@@ -270,6 +301,26 @@ mod tests {
         let publisher =
             Publisher::new("room_outbox", port, collector.recipient(), ordering).start();
         (publisher, outcomes)
+    }
+
+    #[actix_rt::test]
+    async fn an_outcome_carries_the_claimed_size_but_not_the_envelope() {
+        let port = FakePublisher::failing(&["a2"]);
+        let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
+        for id in 1..=3 {
+            let mut record = record(id, "a");
+            record.envelope = vec![b'x'; 1_000];
+            publisher.do_send(Publish(record));
+        }
+        let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
+        assert_eq!(seen.kind_of("a1"), "published");
+        assert_eq!(seen.kind_of("a3"), "released");
+        for outcome in &seen {
+            assert_eq!(outcome.bytes, 1_000, "{}", outcome.record.event_id);
+        }
+        // Handed to the broker's client: let go of. Released: never handed over.
+        assert!(seen[0].record.envelope.is_empty());
+        assert_eq!(seen[2].record.envelope.len(), 1_000);
     }
 
     #[actix_rt::test]

@@ -117,8 +117,11 @@ impl Relay {
                 limit: options.batch_size,
                 lease: options.lease,
                 ordering: options.ordering,
+                // Set per claim by the Fetcher, from what is in flight.
+                max_bytes: None,
             },
             max_in_flight,
+            options.max_inflight_bytes,
         ));
         let scheduler = scheduler_ctx.run(Scheduler::new(
             fetcher.clone().recipient(),
@@ -137,6 +140,7 @@ impl Relay {
             node_id = %options.node_id,
             publishers = ports.len(),
             batch_size = options.batch_size,
+            max_inflight_bytes = options.max_inflight_bytes,
             ordering = %options.ordering,
             "relay started"
         );

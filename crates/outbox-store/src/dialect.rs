@@ -130,6 +130,14 @@ impl Dialect {
         }
     }
 
+    /// The size of `expr` (text or bytes) in bytes, not characters.
+    pub(crate) fn octet_length(self, expr: &str) -> String {
+        match self {
+            Dialect::Postgres | Dialect::Sqlite => format!("octet_length({expr})"),
+            Dialect::MySql => format!("LENGTH({expr})"),
+        }
+    }
+
     /// The first statement of a transaction whose plans must walk the indexes
     /// ([`PIN_INDEX_PLAN`]); `None` where hints do that ([`Dialect::index_hint`]).
     pub(crate) fn pin_index_plan(self) -> Option<&'static str> {

@@ -213,6 +213,12 @@ impl Reads {
         list.join(", ")
     }
 
+    /// The payload as the claim reads it (a text or bytes expression): what the byte
+    /// budget measures.
+    pub(crate) fn payload(&self) -> &str {
+        &self.payload
+    }
+
     /// The table has a headers column (else claimed rows carry none).
     pub(crate) fn has_headers(&self) -> bool {
         self.headers.is_some()

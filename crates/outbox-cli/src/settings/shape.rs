@@ -235,6 +235,11 @@ pub struct RouteSettings {
     pub routing_key: Option<String>,
 }
 
+/// `relay.max_inflight_bytes` by default: 64 MiB. Far above what small events reach
+/// (4 × `batch_size` rows of 512 bytes are 200 KiB), so they flow as without a budget;
+/// rows of a few MiB are claimed a few at a time instead of `batch_size` at a time.
+pub const DEFAULT_MAX_INFLIGHT_BYTES: i64 = 64 * 1024 * 1024;
+
 /// `[relay]`. A zero size or duration means its default, with a warning.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -249,6 +254,8 @@ pub struct RelaySettings {
     pub poll_interval: Field<Span>,
     /// Rows per claim.
     pub batch_size: i64,
+    /// Envelope bytes claimed and not yet marked, at most (plus one row).
+    pub max_inflight_bytes: i64,
     /// Confirm deadline per publish.
     pub publish_timeout: Field<Span>,
     /// `fixed_interval` or `exponential`; blank: the default.
@@ -362,6 +369,7 @@ impl Default for RelaySettings {
             publishers: 4,
             poll_interval: "1s".into(),
             batch_size: 100,
+            max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
             publish_timeout: "3s".into(),
             retry_strategy: "fixed_interval".into(),
             retry_interval: "".into(),

@@ -180,6 +180,11 @@ impl RelaySettings {
             ),
             size => Some(size),
         };
+        let max_inflight_bytes = check.size(
+            "max_inflight_bytes",
+            self.max_inflight_bytes,
+            defaults.max_inflight_bytes,
+        );
         let max_attempts = match u32::try_from(self.max_attempts) {
             Ok(attempts) => Some(attempts),
             Err(_) => check.reject(
@@ -251,6 +256,7 @@ impl RelaySettings {
             publishers,
             poll_interval,
             batch_size: batch_size?,
+            max_inflight_bytes,
             publish_timeout: publish_timeout?,
             retry: RetryPolicy {
                 strategy: retry_strategy?,

@@ -111,10 +111,21 @@ impl Claim<'_> {
         let limit = params.bind(self.limit());
         let hint = dialect.index_hint(table, Index::Pending);
         let lock = dialect.skip_locked();
-        let candidates = format!(
-            "SELECT c.{position} FROM {table} c{hint} WHERE {claimable} ORDER BY c.{position} \
-             LIMIT {limit}{lock}"
-        );
+        let candidates = match self.request.max_bytes {
+            None => format!(
+                "SELECT c.{position} FROM {table} c{hint} WHERE {claimable} \
+                 ORDER BY c.{position} LIMIT {limit}{lock}"
+            ),
+            Some(max_bytes) => {
+                let sized = format!(
+                    "SELECT c.{position} AS {BUDGET_POSITION}, {} AS {BUDGET_SIZE} \
+                     FROM {table} c{hint} WHERE {claimable} ORDER BY c.{position} \
+                     LIMIT {limit}{lock}",
+                    dialect.octet_length(reads.payload())
+                );
+                within_budget(&sized, max_bytes, &mut params)
+            }
+        };
         let ids = dialect.in_subquery(&candidates);
         let sql = format!(
             "UPDATE {table} SET locked_by = {node}, locked_until = {until} WHERE {position} {ids} \
@@ -134,6 +145,29 @@ impl Claim<'_> {
     fn limit(&self) -> i64 {
         i64::try_from(self.request.limit).unwrap_or(i64::MAX)
     }
+}
+
+/// The candidate position's alias in a budgeted claim ([`within_budget`]).
+const BUDGET_POSITION: &str = "claim_position";
+/// The candidate envelope's size in bytes, aliased, in a budgeted claim.
+const BUDGET_SIZE: &str = "claim_bytes";
+
+/// The positions of `sized` (candidates with [`BUDGET_POSITION`] and [`BUDGET_SIZE`], in
+/// position order, limited and locked) that fit in `max_bytes`: each candidate whose
+/// earlier candidates sum to less than the budget. So the first is always kept (a row
+/// larger than the budget still flows), the claim holds less than the budget plus its last
+/// row, and what is cut is a tail in position order: for every room, rows after each row
+/// it keeps, so room order holds. A running sum over the limited candidates, not over the
+/// table, and the sizes come from the row headers (`octet_length`), not the envelopes:
+/// the envelopes of cut rows are never read. Rows cut here stay unleased; where the
+/// candidates were locked (`SKIP LOCKED`), only until the claim commits.
+fn within_budget(sized: &str, max_bytes: usize, params: &mut Params) -> String {
+    let budget = params.bind(i64::try_from(max_bytes).unwrap_or(i64::MAX));
+    format!(
+        "SELECT w.{BUDGET_POSITION} FROM (SELECT k.{BUDGET_POSITION}, \
+         SUM(k.{BUDGET_SIZE}) OVER (ORDER BY k.{BUDGET_POSITION}) - k.{BUDGET_SIZE} AS bytes_before \
+         FROM ({sized}) k) w WHERE w.bytes_before < {budget}"
+    )
 }
 
 /// Serialises per-room claims of all nodes on this table: waits for the row lock on

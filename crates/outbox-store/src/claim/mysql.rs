@@ -1,7 +1,7 @@
 //! The claim on MySQL/MariaDB, which has neither `UPDATE … RETURNING` nor `LIMIT` in an
 //! `IN` subquery of the updated table: select, then update, in one transaction.
 
-use super::{take_claim_lock, Claim};
+use super::{take_claim_lock, within_budget, Claim, BUDGET_POSITION, BUDGET_SIZE};
 use crate::dialect::Params;
 use crate::row::ClaimedRow;
 use crate::sql::{Index, PENDING};
@@ -43,12 +43,28 @@ pub(super) async fn claim(
     let claimable = claim.claimable(&mut params);
     let limit = params.bind(claim.limit());
     let hint = dialect.index_hint(t, Index::Pending);
-    let sql = format!(
-        "SELECT {} FROM {t} c{hint} WHERE {claimable} ORDER BY c.{position} LIMIT {limit}{lock}",
-        reads.claimed_columns()
-    );
+    let sql = match request.max_bytes {
+        None => format!(
+            "SELECT {} FROM {t} c{hint} WHERE {claimable} ORDER BY c.{position} \
+             LIMIT {limit}{lock}",
+            reads.claimed_columns()
+        ),
+        // The budget picks positions from sizes alone; only the kept rows' columns are read.
+        Some(max_bytes) => {
+            let sized = format!(
+                "SELECT c.{position} AS {BUDGET_POSITION}, {} AS {BUDGET_SIZE} \
+                 FROM {t} c{hint} WHERE {claimable} ORDER BY c.{position} LIMIT {limit}{lock}",
+                dialect.octet_length(reads.payload())
+            );
+            let kept = within_budget(&sized, max_bytes, &mut params);
+            format!(
+                "SELECT {} FROM {t} JOIN ({kept}) b ON {t}.{position} = b.{BUDGET_POSITION}",
+                reads.claimed_columns()
+            )
+        }
+    };
     let rows = txn.query_all(params.statement(sql)).await?;
-    let mut rows = ClaimedRow::read_all(&rows, reads)?;
+    let mut rows = ClaimedRow::read_all(rows, reads)?;
     if !rows.is_empty() {
         let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
         let mut params = Params::new(dialect);

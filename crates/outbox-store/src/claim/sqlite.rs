@@ -12,5 +12,5 @@ pub(super) async fn claim(
 ) -> Result<Vec<ClaimedRow>, DbErr> {
     let statement = claim.lease_returning();
     let rows = db.query_all(statement).await?;
-    ClaimedRow::read_all(&rows, claim.reads)
+    ClaimedRow::read_all(rows, claim.reads)
 }

@@ -228,6 +228,26 @@ fn unknown_ordering_is_rejected() {
 }
 
 #[test]
+fn max_inflight_bytes_defaults_to_64_mib_and_zero_means_the_default() {
+    assert_eq!(
+        load("", &[]).unwrap().relay.max_inflight_bytes,
+        64 * 1024 * 1024
+    );
+    let config = load("[relay]\nmax_inflight_bytes = 5000000", &[]).unwrap();
+    assert_eq!(config.relay.max_inflight_bytes, 5_000_000);
+    let config = load("[relay]\nmax_inflight_bytes = 0", &[]).unwrap();
+    assert_eq!(config.relay.max_inflight_bytes, 64 * 1024 * 1024);
+    assert!(
+        config
+            .warnings
+            .join("\n")
+            .contains("relay.max_inflight_bytes"),
+        "{:?}",
+        config.warnings
+    );
+}
+
+#[test]
 fn zero_values_fall_back_to_defaults_with_warnings() {
     let config = load(
         "[relay]\npoll_interval = \"0s\"\nbatch_size = 0\npublish_timeout = \"0ms\"",
