@@ -12,14 +12,8 @@ fn local(port: u16) -> SocketAddr {
 /// The JSON log lines of `relay` whose message starts with `message`: their `url` fields.
 fn urls_logged(relay: &RelayProcess, message: &str) -> Vec<String> {
     relay
-        .log_text()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|line| {
-            line["message"]
-                .as_str()
-                .is_some_and(|text| text.starts_with(message))
-        })
+        .log_lines(message)
+        .iter()
         .filter_map(|line| line["url"].as_str().map(str::to_owned))
         .collect()
 }

@@ -174,20 +174,6 @@ async fn events_inserted_during_an_outage_arrive_soon_after_it(backend: Backend)
 
 per_backend!(events_inserted_during_an_outage_arrive_soon_after_it: postgres, mariadb);
 
-/// The JSON log lines of `relay` whose message starts with `prefix`.
-fn log_lines(relay: &RelayProcess, prefix: &str) -> Vec<serde_json::Value> {
-    relay
-        .log_text()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|line| {
-            line["message"]
-                .as_str()
-                .is_some_and(|message| message.starts_with(prefix))
-        })
-        .collect()
-}
-
 /// Waits for every one of `ids` at the broker (polling delivers them within `deadline`).
 async fn expect_delivered(app: &TestApp, ids: &[String], deadline: Duration) {
     eventually(&format!("{} events delivered", ids.len()), deadline, || {
@@ -231,7 +217,7 @@ async fn an_unavailable_listen_connection_falls_back_to_polling_with_one_warning
     .await;
     expect_delivered(&app, &ids, Duration::from_secs(10)).await;
 
-    let warnings = log_lines(&relay, "insert wake-ups unavailable");
+    let warnings = relay.log_lines("insert wake-ups unavailable");
     assert_eq!(
         warnings.len(),
         1,
@@ -267,7 +253,7 @@ async fn with_the_probe_off_sqlite_polls_and_starts_no_feed() {
     }
     expect_delivered(&app, &ids, Duration::from_secs(10)).await;
     // A feed starts with the relay, before its first claim: it would have said so by now.
-    let started = log_lines(&relay, "listening for inserts");
+    let started = relay.log_lines("listening for inserts");
     assert!(started.is_empty(), "a feed started: {started:?}");
     relay.stop(Duration::from_secs(10)).await;
     app.teardown().await;
@@ -291,10 +277,10 @@ async fn starts_feed(
     eventually(
         &format!("the {feed} feed to start"),
         Duration::from_secs(10),
-        || std::future::ready(!log_lines(&relay, "listening for inserts").is_empty()),
+        || std::future::ready(!relay.log_lines("listening for inserts").is_empty()),
     )
     .await;
-    let started = log_lines(&relay, "listening for inserts");
+    let started = relay.log_lines("listening for inserts");
     assert_eq!(started.len(), 1, "{started:?}");
     assert_eq!(started[0]["feed"], feed, "{}", started[0]);
     relay.stop(Duration::from_secs(10)).await;

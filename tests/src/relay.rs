@@ -140,16 +140,24 @@ impl RelayProcess {
         Self { child, log }
     }
 
-    /// The metrics endpoint's "listening" log line (JSON log), if it wrote one.
-    pub fn listening_line(&self) -> Option<serde_json::Value> {
+    /// The lines of its JSON log whose message starts with `prefix`, in order.
+    pub fn log_lines(&self, prefix: &str) -> Vec<serde_json::Value> {
         self.log_text()
             .lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .find(|line| {
-                line["message"].as_str().is_some_and(|message| {
-                    message.starts_with("metrics and health endpoint listening")
-                })
+            .filter(|line| {
+                line["message"]
+                    .as_str()
+                    .is_some_and(|message| message.starts_with(prefix))
             })
+            .collect()
+    }
+
+    /// The metrics endpoint's "listening" log line (JSON log), if it wrote one.
+    pub fn listening_line(&self) -> Option<serde_json::Value> {
+        self.log_lines("metrics and health endpoint listening")
+            .into_iter()
+            .next()
     }
 
     /// Waits for the metrics endpoint's "listening" line in the JSON log; its address.
