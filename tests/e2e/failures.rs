@@ -140,7 +140,10 @@ async fn max_attempts_turns_a_failing_event_dead_and_its_room_flows_on(backend: 
     assert_eq!(json["dead"], 1, "{json}");
     assert_eq!(json["published"], 7, "{json}");
     assert_eq!(json["pending"], 0, "{json}");
-    assert_eq!(json["published_estimated"], false, "a small table is counted: {json}");
+    assert_eq!(
+        json["published_estimated"], false,
+        "a small table is counted: {json}"
+    );
     let method = match backend {
         Backend::Postgres => "pg_total_relation_size",
         Backend::MySql => "information_schema",
@@ -157,7 +160,10 @@ async fn max_attempts_turns_a_failing_event_dead_and_its_room_flows_on(backend: 
         "{text}"
     );
     assert!(text.contains("published        7\n"), "{text}");
-    assert!(!text.contains("hint"), "7 published rows need no hint: {text}");
+    assert!(
+        !text.contains("hint"),
+        "7 published rows need no hint: {text}"
+    );
     let list = outbox_tests::run_binary(crate::RELAY, &app.settings, &["dead", "list", "--json"]);
     let text = String::from_utf8_lossy(&list.stdout);
     assert!(text.contains("\"event_id\":\"a1\""), "{text}");
