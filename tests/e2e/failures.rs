@@ -140,13 +140,37 @@ async fn max_attempts_turns_a_failing_event_dead_and_its_room_flows_on(backend: 
     assert_eq!(json["dead"], 1, "{json}");
     assert_eq!(json["published"], 7, "{json}");
     assert_eq!(json["pending"], 0, "{json}");
+    assert_eq!(
+        json["published_estimated"], false,
+        "a small table is counted: {json}"
+    );
+    let method = match backend {
+        Backend::Postgres => "pg_total_relation_size",
+        Backend::MySql => "information_schema",
+        Backend::Sqlite => "dbstat",
+    };
+    assert_eq!(json["table_bytes_method"], method, "{json}");
+    // A table and its five indexes take a page or more each.
+    let bytes = json["table_bytes"].as_u64().unwrap_or(0);
+    assert!(bytes >= 4096, "table size {bytes}: {json}");
+    let text = outbox_tests::run_binary(crate::RELAY, &app.settings, &["status"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("table size       ") && text.contains(method),
+        "{text}"
+    );
+    assert!(text.contains("published        7\n"), "{text}");
+    assert!(
+        !text.contains("hint"),
+        "7 published rows need no hint: {text}"
+    );
     let list = outbox_tests::run_binary(crate::RELAY, &app.settings, &["dead", "list", "--json"]);
     let text = String::from_utf8_lossy(&list.stdout);
     assert!(text.contains("\"event_id\":\"a1\""), "{text}");
     app.teardown().await;
 }
 
-per_backend!(max_attempts_turns_a_failing_event_dead_and_its_room_flows_on: sqlite, mariadb);
+per_backend!(max_attempts_turns_a_failing_event_dead_and_its_room_flows_on: postgres, sqlite, mariadb);
 
 #[actix_rt::test]
 async fn permanent_failures_go_dead_at_once_and_transient_ones_are_retried() {

@@ -123,6 +123,13 @@ async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
     assert_eq!(stats.claimed.get("n3"), Some(&2));
     assert_eq!(stats.pending, 4);
     assert_eq!(stats.published, 1);
+    assert_eq!(stats.dead, 0);
+    assert!(!stats.published_estimated, "5 rows are counted");
+    assert!(
+        stats.size.is_some_and(|size| size.bytes > 0),
+        "{:?}",
+        stats.size
+    );
     assert!(stats.oldest_pending_age_seconds.is_some());
     assert_eq!(store.release_node("n3").await.unwrap(), 2);
     assert_eq!(store.stats().await.unwrap().claimed.get("n3"), None);

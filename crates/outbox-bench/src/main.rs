@@ -5,6 +5,7 @@
 
 mod baseline;
 mod consumer;
+mod history;
 mod idle;
 mod otlp_sink;
 mod process;
@@ -31,6 +32,9 @@ enum Scenario {
     Latency(scenario::LatencyArgs),
     /// `drain` over publishers × batch sizes, medians per cell.
     Matrix(scenario::MatrixArgs),
+    /// Drains on an empty table, then on one with `--rows` published rows kept (no retention):
+    /// the rate ratio history ÷ empty.
+    History(history::HistoryArgs),
     /// An idle relay: its CPU, and the database's statements/s and CPU (wake-ups' cost).
     Idle(idle::IdleArgs),
     /// The consumer child of `drain` and `latency` (started by them).
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
                 .map(|result| result.print()),
             Scenario::Latency(args) => scenario::latency(args).await,
             Scenario::Matrix(args) => scenario::matrix(args).await,
+            Scenario::History(args) => history::run(args).await,
             Scenario::Idle(args) => idle::run(args).await,
             Scenario::Consume(args) => consumer::run(args).await,
             Scenario::OtlpSink(args) => otlp_sink::run(args).await,

@@ -2,7 +2,7 @@
 //! ([`crate::consumer`]) in a child process on a durable queue bound to the relay's
 //! exchange.
 
-use crate::consumer::{unix_nanos, Consume, ConsumerProcess};
+use crate::consumer::{unix_nanos, Consume, ConsumerProcess, Report};
 use crate::otlp_sink::SinkProcess;
 use crate::{baseline, process};
 use anyhow::{bail, Context as _};
@@ -148,6 +148,8 @@ impl LatencyArgs {
 
 /// A fresh table and exchange for one run; the consumer runs in its own process.
 pub(crate) struct Bench {
+    /// The database it runs on.
+    pub(crate) backend: Backend,
     pub(crate) config: Config,
     /// The first outbox's table (the only one unless `drain --outboxes`).
     pub(crate) store: SeaOrmStore,
@@ -197,6 +199,7 @@ impl Bench {
         let store = outboxes[0].store.clone();
         let queue = config.amqp.router.exchange.clone();
         Ok(Self {
+            backend,
             config,
             store,
             outboxes,
@@ -232,6 +235,74 @@ impl Bench {
         Ok(())
     }
 
+    /// Inserts `events` pending events, ids `{prefix}-{n:08}`, room `n % rooms`, a chunk at
+    /// a time: the backlog lives in the database, not in this process. With several
+    /// outboxes, a room's events all go to one of them (room order is kept within a table),
+    /// the rooms dealt out in turn.
+    pub(crate) async fn fill(
+        &self,
+        prefix: &str,
+        events: usize,
+        rooms: usize,
+        envelope_bytes: usize,
+    ) -> anyhow::Result<()> {
+        let outboxes = self.outboxes.len();
+        // Chunks of at most PREFILL_BYTES too: large envelopes stay within MariaDB's packet
+        // limit, and the prefill's memory out of the relay's peak RSS.
+        let chunk = PREFILL_CHUNK.min(PREFILL_BYTES / envelope_bytes).max(1);
+        for start in (0..events).step_by(chunk) {
+            let mut chunks: Vec<Vec<NewEvent>> = vec![Vec::new(); outboxes];
+            for n in start..events.min(start + chunk) {
+                chunks[(n % rooms) % outboxes].push(event(prefix, n, rooms, envelope_bytes));
+            }
+            for (outbox, chunk) in self.outboxes.iter().zip(&chunks) {
+                insert_events(outbox.store.connection(), outbox.store.table(), chunk).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Relays the `events` pending events of the table(s) and times it: a consumer process
+    /// on the queue, then the relay from its start until every row is marked (so every
+    /// publish was confirmed), then the relay's shutdown and the consumer's report. Fails
+    /// when an event did not arrive.
+    pub(crate) async fn drain(
+        &self,
+        events: usize,
+        rooms: usize,
+        consume: Consume,
+    ) -> anyhow::Result<Drained> {
+        let mut consumer =
+            ConsumerProcess::start(&self.queue, events, rooms, false, consume).await?;
+        process::reset_peak_rss();
+        let cpu_before = process::cpu_seconds();
+        let started = Instant::now();
+        let broker = open_broker(&self.config).await?;
+        let relays = start_relays(&self.config, &self.outboxes, &broker).await?;
+        let deadline = Duration::from_secs(120).max(Duration::from_millis(events as u64 * 2));
+        // Every row marked means every publish was confirmed: the broker holds every event.
+        self.wait_all_marked(deadline).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        let cpu = process::cpu_seconds() - cpu_before;
+        let rss_mib = process::peak_rss_mib();
+        relays.shutdown(self.config.relay.shutdown_timeout).await?;
+        broker.close().await;
+        // The consumer checks that every event is there, once or more, in room order.
+        if consume == Consume::Later {
+            consumer.release()?;
+        }
+        let report = consumer.finish(deadline).await?;
+        if report.delivered < events {
+            bail!("only {} of {} events arrived", report.delivered, events);
+        }
+        Ok(Drained {
+            seconds,
+            cpu,
+            rss_mib,
+            report,
+        })
+    }
+
     pub(crate) async fn teardown(self) -> anyhow::Result<()> {
         let broker = open_broker(&self.config).await?;
         let channel = broker.open_channel().await?;
@@ -259,7 +330,7 @@ impl Bench {
 }
 
 /// A JSON envelope of `bytes` bytes (more if the ids alone are longer).
-fn event(run: &str, n: usize, rooms: usize, bytes: usize) -> NewEvent {
+pub(crate) fn event(run: &str, n: usize, rooms: usize, bytes: usize) -> NewEvent {
     let room_id = format!("room-{}", n % rooms);
     let event_id = format!("{run}-{n:08}");
     let mut envelope = format!(r#"{{"event_id":"{event_id}","room_id":"{room_id}","text":""#);
@@ -272,6 +343,31 @@ fn event(run: &str, n: usize, rooms: usize, bytes: usize) -> NewEvent {
         envelope,
         headers: None,
         available_at: None,
+    }
+}
+
+/// What one timed [`Bench::drain`] measured.
+pub(crate) struct Drained {
+    /// Relay start → every row marked.
+    pub(crate) seconds: f64,
+    /// CPU seconds of this process (the relay) meanwhile.
+    pub(crate) cpu: f64,
+    /// Peak RSS of this process meanwhile.
+    pub(crate) rss_mib: f64,
+    /// The consumer's account.
+    pub(crate) report: Report,
+}
+
+impl Drained {
+    /// Fails when an event arrived after a later event of its room.
+    pub(crate) fn check_order(&self) -> anyhow::Result<()> {
+        if self.report.out_of_order > 0 {
+            bail!(
+                "{} events arrived out of room order",
+                self.report.out_of_order
+            );
+        }
+        Ok(())
     }
 }
 
@@ -436,65 +532,28 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     })
     .await?;
     let run = bench.store.table().as_str().to_owned();
-    // Generated a chunk at a time: the backlog lives in the database, not in this process.
-    // With several outboxes, a room's events all go to one of them (room order is kept
-    // within a table), the rooms dealt out in turn.
-    let outboxes = bench.outboxes.len();
-    let envelope_bytes = args.envelope_bytes as usize;
-    // Chunks of at most PREFILL_BYTES too: large envelopes stay within MariaDB's packet
-    // limit, and the prefill's memory out of the relay's peak RSS.
-    let chunk = PREFILL_CHUNK.min(PREFILL_BYTES / envelope_bytes).max(1);
-    for start in (0..args.events).step_by(chunk) {
-        let mut chunks: Vec<Vec<NewEvent>> = vec![Vec::new(); outboxes];
-        for n in start..args.events.min(start + chunk) {
-            chunks[(n % args.rooms) % outboxes].push(event(&run, n, args.rooms, envelope_bytes));
-        }
-        for (outbox, chunk) in bench.outboxes.iter().zip(&chunks) {
-            insert_events(outbox.store.connection(), outbox.store.table(), chunk).await?;
-        }
-    }
+    bench
+        .fill(&run, args.events, args.rooms, args.envelope_bytes as usize)
+        .await?;
     let consume = if args.consume_after {
         Consume::Later
     } else {
         Consume::Now
     };
-    let mut consumer =
-        ConsumerProcess::start(&bench.queue, args.events, args.rooms, false, consume).await?;
-
-    process::reset_peak_rss();
-    let cpu_before = process::cpu_seconds();
-    let started = Instant::now();
-    let broker = open_broker(&bench.config).await?;
-    let relays = start_relays(&bench.config, &bench.outboxes, &broker).await?;
-    let deadline = Duration::from_secs(120).max(Duration::from_millis(args.events as u64 * 2));
-    // Every row marked means every publish was confirmed: the broker holds every event.
-    bench.wait_all_marked(deadline).await?;
-    let seconds = started.elapsed().as_secs_f64();
-    let cpu = process::cpu_seconds() - cpu_before;
-    let rss_mib = process::peak_rss_mib();
-    relays.shutdown(bench.config.relay.shutdown_timeout).await?;
-    broker.close().await;
-    // The consumer checks that every event is there, once or more, in room order.
-    if consume == Consume::Later {
-        consumer.release()?;
-    }
-    let report = consumer.finish(deadline).await?;
-    if report.delivered < args.events {
-        bail!(
-            "only {} of {} events arrived",
-            report.delivered,
-            args.events
-        );
-    }
+    let drained = bench.drain(args.events, args.rooms, consume).await?;
     bench.teardown().await?;
-    if report.out_of_order > 0 {
-        bail!("{} events arrived out of room order", report.out_of_order);
-    }
+    drained.check_order()?;
     let baseline = if args.no_baseline {
         None
     } else {
         Some(baseline::run(args.events, args.envelope_bytes as usize).await?)
     };
+    let Drained {
+        seconds,
+        cpu,
+        rss_mib,
+        report,
+    } = drained;
     Ok(DrainRun {
         seconds,
         rate: args.events as f64 / seconds,

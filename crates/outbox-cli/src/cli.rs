@@ -76,7 +76,8 @@ pub enum Command {
     /// mapping against its table (a database it cannot reach is a warning). Exit code 2
     /// with a message naming the key, or the outbox and column, when a setting is wrong.
     CheckConfig,
-    /// Show counts by status, the oldest pending age and the rows claimed per node.
+    /// Show counts by status, the oldest pending age, the rows claimed per node and the
+    /// table's size on disk.
     Status(StatusArgs),
     /// Inspect and requeue dead events.
     ///
@@ -163,8 +164,10 @@ fn parse_age(value: &str) -> Result<Duration, String> {
 pub struct StatusArgs {
     /// Print one JSON object instead of a table: pending, published, dead,
     /// oldest_pending_age_seconds, claimed (rows per node_id), expired_leases, table,
-    /// outbox. With several outboxes: the totals, and "outboxes" with one such object
-    /// per outbox name.
+    /// outbox, published_estimated (above 1,000,000 rows published is the catalogue's
+    /// estimate), table_bytes and table_bytes_method (size on disk with the indexes).
+    /// With several outboxes: the totals, and "outboxes" with one such object per outbox
+    /// name.
     #[arg(long)]
     pub json: bool,
     /// Only this outbox (its name; default: every outbox).

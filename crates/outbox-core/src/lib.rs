@@ -28,7 +28,7 @@ pub use options::{Ordering, RelayOptions};
 pub use outcome::{Failure, MarkBatch, OutcomeKind};
 pub use ports::{
     Backlog, ClaimRequest, Confirm, EventPublisher, InsertFeed, OutboxStats, OutboxStore,
-    PublishError, PurgeTarget, StoreError,
+    PublishError, PurgeTarget, StoreError, TableSize,
 };
 pub use record::{OutboxRecord, Status};
 pub use retry::{FailureDecision, RetryPolicy, RetryStrategy};

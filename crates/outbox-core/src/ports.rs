@@ -129,6 +129,21 @@ pub struct OutboxStats {
     pub claimed: BTreeMap<String, u64>,
     /// Pending rows whose lease has expired without an outcome (a node died or stalled).
     pub expired_leases: u64,
+    /// `published` is an estimate (the catalogue's row estimate less the pending and dead
+    /// rows), not a count: counting every published row of a large table costs seconds.
+    pub published_estimated: bool,
+    /// The table's size on disk with its indexes, when the database can tell.
+    pub size: Option<TableSize>,
+}
+
+/// How much disk an outbox table takes, indexes included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableSize {
+    /// Bytes.
+    pub bytes: u64,
+    /// How they were measured (`pg_total_relation_size`, `information_schema`, `dbstat`,
+    /// `page_count`): the last one is the whole database file, not only the table.
+    pub method: &'static str,
 }
 
 /// The part of [`OutboxStats`] that is cheap to read often (the metrics' gauges).

@@ -1,45 +1,78 @@
 //! Reading counts: [`SeaOrmStore::read_stats`] for `status`, and the cheap
 //! [`SeaOrmStore::read_backlog`] the metrics ask for every few seconds.
 
-use crate::dialect::Params;
-use crate::sql::{Index, PENDING};
+use crate::dialect::{Dialect, Params};
+use crate::sql::{Index, Literal, DEAD, PENDING, PUBLISHED};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
-use outbox_core::{Backlog, OutboxStats, Status};
+use outbox_core::{Backlog, OutboxStats, TableSize};
 use sea_orm::{ConnectionTrait, DbErr, QueryResult, TransactionTrait};
 
+/// Above this many rows (the catalogue's estimate) `status` estimates the published rows
+/// instead of counting them. Counting 1,000,000 published rows on PostgreSQL took 0.1 s
+/// over the retention index of a vacuumed table, but 0.8 s reading the heap before the
+/// first vacuum (as after a bulk insert), growing with the table: 4.6 GB at 5,000,000.
+pub(crate) const EXACT_COUNT_ROWS: u64 = 1_000_000;
+
+/// SQLite: above this file size `status` gives the file's size (`page_count × page_size`)
+/// instead of summing the table's pages with `dbstat`, which reads them all.
+const DBSTAT_MAX_FILE_BYTES: i64 = 256 * 1024 * 1024;
+
+/// A table as the catalogue describes it.
+struct Catalogue {
+    /// Estimated rows; `None` where the database keeps no estimate (SQLite).
+    rows: Option<u64>,
+    /// Bytes on disk, when known.
+    size: Option<TableSize>,
+}
+
+impl Catalogue {
+    /// From a row with `bytes` and, where the backend has one, `n`.
+    fn read(row: Option<QueryResult>, method: &'static str) -> Result<Self, DbErr> {
+        let Some(row) = row else {
+            return Ok(Self {
+                rows: None,
+                size: None,
+            });
+        };
+        let rows = row.try_get::<Option<i64>>("", "n").ok().flatten();
+        let bytes: Option<i64> = row.try_get("", "bytes")?;
+        Ok(Self {
+            rows: rows.map(|n| u64::try_from(n).unwrap_or(0)),
+            size: bytes.map(|bytes| TableSize {
+                bytes: u64::try_from(bytes).unwrap_or(0),
+                method,
+            }),
+        })
+    }
+}
+
 impl SeaOrmStore {
-    /// Counts by status and lease: every row of the table.
+    /// Counts by status and lease, the table's size, from cheap reads: pending rows through
+    /// the pending index, dead and published rows through the `(status, published_at)`
+    /// index, and on a table the catalogue puts above [`EXACT_COUNT_ROWS`] rows an estimate
+    /// of the published rows instead of a count (labelled as such).
     pub(crate) async fn read_stats(&self) -> Result<OutboxStats, DbErr> {
         let dialect = self.dialect();
         let db = self.connection();
         let t = self.table();
         let now = Utc::now();
-        let mut stats = OutboxStats::default();
-        let rows = db
-            .query_all(Params::new(dialect).statement(format!(
-                "SELECT status, COUNT(*) AS n FROM {t} GROUP BY status"
-            )))
-            .await?;
-        for row in rows {
-            let count = count(&row, "n")?;
-            match row.try_get::<String>("", "status")?.parse() {
-                Ok(Status::Pending) => stats.pending = count,
-                Ok(Status::Published) => stats.published = count,
-                Ok(Status::Dead) => stats.dead = count,
-                Err(_) => {}
+        let backlog = self.read_backlog().await?;
+        let mut stats = OutboxStats {
+            pending: backlog.pending,
+            oldest_pending_age_seconds: backlog.oldest_pending_age_seconds,
+            dead: self.count_status(DEAD).await?,
+            ..OutboxStats::default()
+        };
+        let catalogue = self.read_catalogue().await?;
+        match catalogue.rows {
+            Some(rows) if rows > EXACT_COUNT_ROWS => {
+                stats.published = rows.saturating_sub(stats.pending + stats.dead);
+                stats.published_estimated = true;
             }
+            _ => stats.published = self.count_status(PUBLISHED).await?,
         }
-        let oldest = db
-            .query_one(Params::new(dialect).statement(format!(
-                "SELECT MIN({}) AS oldest FROM {t} WHERE status = {PENDING}",
-                self.reads().created_at
-            )))
-            .await?;
-        if let Some(row) = oldest {
-            let oldest: Option<DateTime<Utc>> = row.try_get("", "oldest")?;
-            stats.oldest_pending_age_seconds = age_seconds(now, oldest);
-        }
+        stats.size = catalogue.size;
         let mut params = Params::new(dialect);
         let at = params.bind_time_expr(now);
         let rows = db
@@ -67,6 +100,82 @@ impl SeaOrmStore {
             stats.expired_leases = count(&row, "n")?;
         }
         Ok(stats)
+    }
+
+    /// Rows of one status, counted on an index that leads with `status` (the retention
+    /// index; MySQL's pending index too), never by reading every row.
+    async fn count_status(&self, status: Literal) -> Result<u64, DbErr> {
+        let t = self.table();
+        let row = self
+            .connection()
+            .query_one(Params::new(self.dialect()).statement(format!(
+                "SELECT COUNT(*) AS n FROM {t} WHERE status = {status}"
+            )))
+            .await?;
+        row.map_or(Ok(0), |row| count(&row, "n"))
+    }
+
+    /// What the database's catalogue knows of the table without reading it: its estimated
+    /// rows (PostgreSQL, MySQL) and its size on disk.
+    async fn read_catalogue(&self) -> Result<Catalogue, DbErr> {
+        let db = self.connection();
+        let t = self.table();
+        let dialect = self.dialect();
+        let one = |sql: String| db.query_one(Params::new(dialect).statement(sql));
+        match dialect {
+            // n_live_tup follows inserts at once; reltuples is -1 until the first ANALYZE.
+            Dialect::Postgres => {
+                let row = one(format!(
+                    "SELECT GREATEST(c.reltuples::BIGINT, COALESCE(s.n_live_tup, 0)) AS n, \
+                     pg_total_relation_size(c.oid) AS bytes FROM pg_class c \
+                     LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid \
+                     WHERE c.oid = to_regclass('{t}')"
+                ))
+                .await?;
+                Catalogue::read(row, "pg_total_relation_size")
+            }
+            // InnoDB's own estimates, refreshed with its statistics.
+            Dialect::MySql => {
+                let row = one(format!(
+                    "SELECT CAST(table_rows AS SIGNED) AS n, \
+                     CAST(data_length + index_length AS SIGNED) AS bytes \
+                     FROM information_schema.tables \
+                     WHERE table_schema = DATABASE() AND table_name = '{t}'"
+                ))
+                .await?;
+                Catalogue::read(row, "information_schema")
+            }
+            // No row estimate: SQLite counts on the index. `dbstat` (when SQLite was built
+            // with it) sums the pages of the table and its indexes, but reads every one of
+            // them (0.3–2 s for a file of 780 MB): above DBSTAT_MAX_FILE_BYTES, and without
+            // `dbstat`, the whole database file.
+            Dialect::Sqlite => {
+                let file = one("SELECT page_count * page_size AS bytes \
+                                FROM pragma_page_count(), pragma_page_size()"
+                    .to_owned())
+                .await?;
+                let file_bytes = file
+                    .as_ref()
+                    .and_then(|row| row.try_get::<i64>("", "bytes").ok())
+                    .unwrap_or(0);
+                let dbstat = match file_bytes <= DBSTAT_MAX_FILE_BYTES {
+                    true => one(format!(
+                        "SELECT SUM(pgsize) AS bytes FROM dbstat \
+                         WHERE name IN (SELECT name FROM sqlite_master WHERE tbl_name = '{t}')"
+                    ))
+                    .await
+                    .ok(),
+                    false => None,
+                };
+                let (row, method) = match dbstat {
+                    Some(row) => (row, "dbstat"),
+                    None => (file, "page_count"),
+                };
+                let mut catalogue = Catalogue::read(row, method)?;
+                catalogue.rows = None;
+                Ok(catalogue)
+            }
+        }
     }
 
     /// Pending rows and the oldest one's age, from pending rows only: walks the pending

@@ -6,8 +6,9 @@ use crate::startup::open_selected;
 use outbox_core::{OutboxStats, OutboxStore};
 use serde_json::{json, Map, Value};
 
-/// Prints counts by status, the oldest pending age, claimed rows per node and expired
-/// leases, per outbox.
+/// Prints counts by status, the oldest pending age, claimed rows per node, expired leases
+/// and the table's size, per outbox, and a hint when published rows pile up without
+/// `relay.retention`.
 pub async fn status(config: Config, args: StatusArgs) -> anyhow::Result<()> {
     let outboxes = open_selected(&config, args.outbox.as_deref(), false).await?;
     let mut all = Vec::with_capacity(outboxes.len());
@@ -25,13 +26,19 @@ pub async fn status(config: Config, args: StatusArgs) -> anyhow::Result<()> {
         println!("outbox           {}", outbox.name);
         println!("table            {}", outbox.table);
         print_stats(stats);
+        if let Some(hint) = retention_hint(stats, config.relay.retention.is_some()) {
+            println!("hint             {hint}");
+        }
     }
     Ok(())
 }
 
 fn print_stats(stats: &OutboxStats) {
     println!("pending          {}", stats.pending);
-    println!("published        {}", stats.published);
+    match stats.published_estimated {
+        true => println!("published        {} (estimate)", stats.published),
+        false => println!("published        {}", stats.published),
+    }
     println!("dead             {}", stats.dead);
     match stats.oldest_pending_age_seconds {
         Some(age) => println!("oldest pending   {age:.1} s"),
@@ -43,6 +50,67 @@ fn print_stats(stats: &OutboxStats) {
     }
     for (node, rows) in &stats.claimed {
         println!("claimed by       {node}: {rows}");
+    }
+    match stats.size {
+        Some(size) => println!(
+            "table size       {} ({} bytes, {})",
+            human_bytes(size.bytes),
+            size.bytes,
+            size.method
+        ),
+        None => println!("table size       -"),
+    }
+}
+
+/// Published rows at least this many, and this share of the table, without retention: worth
+/// a hint (docs/operations.md#retention gives the throughput they cost).
+const HINT_MIN_PUBLISHED: u64 = 100_000;
+const HINT_MIN_SHARE: f64 = 0.9;
+
+/// "5,000,000 published rows kept (4.6 GB); set relay.retention …" when published rows make
+/// up most of a large table and nothing deletes them.
+fn retention_hint(stats: &OutboxStats, retention_on: bool) -> Option<String> {
+    let rows = stats.published + stats.pending + stats.dead;
+    let dominate = stats.published as f64 >= HINT_MIN_SHARE * rows as f64;
+    if retention_on || stats.published < HINT_MIN_PUBLISHED || !dominate {
+        return None;
+    }
+    let size = match stats.size {
+        Some(size) => format!(" ({})", human_bytes(size.bytes)),
+        None => String::new(),
+    };
+    Some(format!(
+        "{}{} published rows kept{size}; set relay.retention to delete them, see docs/operations.md#retention",
+        if stats.published_estimated { "~" } else { "" },
+        thousands(stats.published)
+    ))
+}
+
+/// `5000000` as `5,000,000`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// Decimal units, one decimal: `4.6 GB`.
+fn human_bytes(bytes: u64) -> String {
+    let units = ["bytes", "kB", "MB", "GB", "TB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < units.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{bytes} bytes"),
+        _ => format!("{value:.1} {}", units[unit]),
     }
 }
 
@@ -59,6 +127,9 @@ fn as_json(all: &[(&crate::settings::OutboxConfig, OutboxStats)]) -> Value {
             "oldest_pending_age_seconds": stats.oldest_pending_age_seconds,
             "claimed": stats.claimed,
             "expired_leases": stats.expired_leases,
+            "published_estimated": stats.published_estimated,
+            "table_bytes": stats.size.map(|size| size.bytes),
+            "table_bytes_method": stats.size.map(|size| size.method),
         })
     };
     if let [(outbox, stats)] = all {
@@ -66,7 +137,14 @@ fn as_json(all: &[(&crate::settings::OutboxConfig, OutboxStats)]) -> Value {
     }
     let mut total = OutboxStats::default();
     let mut each = Map::new();
+    // Tables whose size is known, summed: the same database file may hold several
+    // (SQLite's page_count), so the total is an upper bound there.
+    let mut table_bytes: Option<u64> = None;
     for (outbox, stats) in all {
+        total.published_estimated |= stats.published_estimated;
+        if let Some(size) = stats.size {
+            *table_bytes.get_or_insert(0) += size.bytes;
+        }
         total.pending += stats.pending;
         total.published += stats.published;
         total.dead += stats.dead;
@@ -90,6 +168,8 @@ fn as_json(all: &[(&crate::settings::OutboxConfig, OutboxStats)]) -> Value {
         "oldest_pending_age_seconds": total.oldest_pending_age_seconds,
         "claimed": total.claimed,
         "expired_leases": total.expired_leases,
+        "published_estimated": total.published_estimated,
+        "table_bytes": table_bytes,
         "outboxes": each,
     })
 }
@@ -98,6 +178,7 @@ fn as_json(all: &[(&crate::settings::OutboxConfig, OutboxStats)]) -> Value {
 mod tests {
     use super::*;
     use crate::settings::Settings;
+    use outbox_core::TableSize;
 
     fn two_outboxes() -> crate::settings::Config {
         let mut settings = Settings::default();
@@ -118,7 +199,47 @@ mod tests {
             oldest_pending_age_seconds: oldest,
             claimed: claimed.iter().map(|(n, r)| (n.to_string(), *r)).collect(),
             expired_leases: 2,
+            published_estimated: false,
+            size: Some(TableSize {
+                bytes: 4_600_000_000,
+                method: "pg_total_relation_size",
+            }),
         }
+    }
+
+    #[test]
+    fn a_large_history_without_retention_gets_a_hint() {
+        let mut large = stats(10, None, &[]);
+        large.published = 5_000_000;
+        assert_eq!(
+            retention_hint(&large, false).as_deref(),
+            Some("5,000,000 published rows kept (4.6 GB); set relay.retention to delete them, see docs/operations.md#retention")
+        );
+        assert_eq!(retention_hint(&large, true), None, "retention is on");
+        large.published_estimated = true;
+        assert!(retention_hint(&large, false)
+            .unwrap()
+            .starts_with("~5,000,000 "));
+        let few = stats(10, None, &[]);
+        assert_eq!(retention_hint(&few, false), None, "10 published rows");
+        let mut backlog = stats(2_000_000, None, &[]);
+        backlog.published = 1_000_000;
+        assert_eq!(
+            retention_hint(&backlog, false),
+            None,
+            "pending rows dominate"
+        );
+    }
+
+    #[test]
+    fn sizes_and_counts_read_easily() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(12_345_678), "12,345,678");
+        assert_eq!(human_bytes(512), "512 bytes");
+        assert_eq!(human_bytes(1_500), "1.5 kB");
+        assert_eq!(human_bytes(4_600_000_000), "4.6 GB");
     }
 
     #[test]
@@ -129,6 +250,9 @@ mod tests {
         assert_eq!(value["table"], "a_outbox");
         assert_eq!(value["pending"], 3);
         assert_eq!(value["claimed"]["n1"], 3);
+        assert_eq!(value["published_estimated"], false);
+        assert_eq!(value["table_bytes"], 4_600_000_000u64);
+        assert_eq!(value["table_bytes_method"], "pg_total_relation_size");
         assert!(value.get("outboxes").is_none());
     }
 
@@ -146,6 +270,7 @@ mod tests {
         assert_eq!(value["published"], 20);
         assert_eq!(value["dead"], 2);
         assert_eq!(value["expired_leases"], 4);
+        assert_eq!(value["table_bytes"], 9_200_000_000u64, "sizes summed");
         assert_eq!(
             value["oldest_pending_age_seconds"], 9.0,
             "the oldest of all"

@@ -1,0 +1,193 @@
+//! The `history` scenario: how the drain rate holds up when the table keeps its published
+//! rows (retention off, the default). One drain on an empty table, then a table pre-filled
+//! with `--rows` published rows server-side and `--runs` consecutive drains on it, with no
+//! manual VACUUM between them, each adding its events to the history.
+
+use crate::consumer::Consume;
+use crate::scenario::{round, Backend, Bench, Drained};
+use anyhow::Context as _;
+use clap::Args;
+use sea_orm::ConnectionTrait as _;
+use std::time::Instant;
+
+/// `history` options.
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Database backend.
+    #[arg(long, value_enum, default_value = "postgres")]
+    backend: Backend,
+    /// Published rows pre-filled before the history runs.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: u64,
+    /// Pending events per drain.
+    #[arg(long, default_value_t = 100_000)]
+    events: usize,
+    /// Consecutive drains on the table with history.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    runs: u64,
+    /// Rooms the history and the events are spread over.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
+    rooms: u64,
+    /// Bytes of each envelope, history and events alike (at least 64).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(64..))]
+    envelope_bytes: u64,
+    /// Let the consumer read the queue only after each drain (as in issue 17's figures).
+    #[arg(long)]
+    consume_after: bool,
+}
+
+/// Published rows per `INSERT … SELECT`: one statement per chunk keeps each transaction,
+/// and on SQLite the write lock, to seconds.
+const PREFILL_ROWS: u64 = 250_000;
+
+/// The empty-table drain, the pre-fill, the history drains; one line per run and a JSON line.
+pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
+    let backend = format!("{:?}", args.backend).to_lowercase();
+    println!(
+        "history: {backend}, {} published rows, {} runs of {} events of {} bytes, {} rooms, consume {}",
+        args.rows,
+        args.runs,
+        args.events,
+        args.envelope_bytes,
+        args.rooms,
+        if args.consume_after { "after each drain" } else { "during the drain" }
+    );
+    let consume = if args.consume_after {
+        Consume::Later
+    } else {
+        Consume::Now
+    };
+    let (events, rooms, bytes) = (
+        args.events,
+        args.rooms as usize,
+        args.envelope_bytes as usize,
+    );
+
+    let empty = Bench::setup(args.backend, |_| {}).await?;
+    let prefix = empty.store.table().as_str().to_owned();
+    empty.fill(&prefix, events, rooms, bytes).await?;
+    let drained = empty.drain(events, rooms, consume).await?;
+    empty.teardown().await?;
+    drained.check_order()?;
+    let empty_rate = rate(&drained, events);
+    print_run("empty table", 0, &drained, empty_rate);
+
+    let bench = Bench::setup(args.backend, |_| {}).await?;
+    let started = Instant::now();
+    prefill_published(&bench, args.rows, args.rooms, args.envelope_bytes).await?;
+    let prefill_seconds = started.elapsed().as_secs_f64();
+    println!(
+        "  pre-filled {} published rows in {prefill_seconds:.1} s ({:.0} rows/s)",
+        args.rows,
+        args.rows as f64 / prefill_seconds.max(1e-9)
+    );
+    let mut rates = Vec::new();
+    let mut duplicates = drained.report.duplicates;
+    for k in 1..=args.runs {
+        let history = args.rows + (k - 1) * events as u64;
+        let prefix = format!("{}-r{k}", bench.store.table());
+        bench.fill(&prefix, events, rooms, bytes).await?;
+        let drained = match bench.drain(events, rooms, consume).await {
+            Ok(drained) => drained,
+            Err(error) => {
+                let _ = bench.teardown().await;
+                return Err(error.context(format!("history run {k}")));
+            }
+        };
+        drained.check_order()?;
+        duplicates += drained.report.duplicates;
+        let rate = rate(&drained, events);
+        print_run(
+            &format!("history run {k}/{}", args.runs),
+            history,
+            &drained,
+            rate,
+        );
+        rates.push(rate);
+    }
+    bench.teardown().await?;
+
+    let slowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
+    let worst_ratio = slowest / empty_rate;
+    println!(
+        "  worst ratio {worst_ratio:.2} (slowest history run ÷ empty table); events/s: relay \
+         start → every event confirmed and marked"
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "history", "backend": backend, "history_rows": args.rows,
+            "events": events, "runs": args.runs, "rooms": args.rooms,
+            "envelope_bytes": args.envelope_bytes, "consume_after": args.consume_after,
+            "prefill_seconds": round(prefill_seconds, 1),
+            "empty_events_per_sec": empty_rate.round(),
+            "history_events_per_sec": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
+            "worst_ratio": round(worst_ratio, 2),
+            "duplicates": duplicates,
+        })
+    );
+    Ok(())
+}
+
+fn rate(drained: &Drained, events: usize) -> f64 {
+    events as f64 / drained.seconds
+}
+
+fn print_run(label: &str, history: u64, drained: &Drained, rate: f64) {
+    println!(
+        "  {label:<18} {history:>9} published rows before | {rate:>7.0} events/s in {:.2} s | CPU {:.1} µs/event | peak RSS {:.1} MiB | {} duplicates",
+        drained.seconds,
+        drained.cpu / drained.report.delivered.max(1) as f64 * 1e6,
+        drained.rss_mib,
+        drained.report.duplicates,
+    )
+}
+
+/// Adds `rows` published rows, in `rooms` rooms, with one server-side `INSERT … SELECT`
+/// over a generated series per chunk: PostgreSQL `generate_series`, MariaDB the SEQUENCE
+/// engine's `seq_A_to_B`, SQLite a recursive CTE. Ids come before the events drained next,
+/// as a table's history does.
+async fn prefill_published(
+    bench: &Bench,
+    rows: u64,
+    rooms: u64,
+    envelope_bytes: u64,
+) -> anyhow::Result<()> {
+    let db = bench.store.connection();
+    let t = bench.store.table();
+    let columns = "event_id, event_type, room_id, envelope, status, published_at";
+    let kind = "'room.message.posted'";
+    for first in (1..=rows).step_by(PREFILL_ROWS as usize) {
+        let last = rows.min(first + PREFILL_ROWS - 1);
+        let sql = match bench.backend {
+            Backend::Postgres => format!(
+                "INSERT INTO {t} ({columns}) SELECT 'history-' || n, {kind}, \
+                 'room-' || (n % {rooms}), repeat('x', {envelope_bytes}), 'published', now() \
+                 FROM generate_series({first}, {last}) AS n"
+            ),
+            Backend::Mysql => format!(
+                "INSERT INTO {t} ({columns}) SELECT CONCAT('history-', seq), {kind}, \
+                 CONCAT('room-', seq % {rooms}), REPEAT('x', {envelope_bytes}), 'published', \
+                 CURRENT_TIMESTAMP(6) FROM seq_{first}_to_{last}"
+            ),
+            Backend::Sqlite => format!(
+                "WITH RECURSIVE series(n) AS (SELECT {first} UNION ALL \
+                 SELECT n + 1 FROM series WHERE n < {last}) \
+                 INSERT INTO {t} ({columns}) SELECT 'history-' || n, {kind}, \
+                 'room-' || (n % {rooms}), \
+                 substr(replace(hex(zeroblob({envelope_bytes})), '0', 'x'), 1, {envelope_bytes}), \
+                 'published', strftime('%Y-%m-%d %H:%M:%f', 'now') FROM series"
+            ),
+        };
+        db.execute_unprepared(&sql).await.with_context(|| {
+            format!(
+                "pre-filling published rows {first}–{last}{}",
+                match bench.backend {
+                    Backend::Mysql => " (MariaDB's SEQUENCE engine is needed for seq_A_to_B)",
+                    _ => "",
+                }
+            )
+        })?;
+    }
+    Ok(())
+}
