@@ -85,9 +85,18 @@ impl Claim<'_> {
             let node = params.bind(request.node_id.as_str());
             let hint = dialect.index_hint(table, Index::PendingRoom);
             let fence = dialect.probe_fence();
+            // PostgreSQL takes no index hint: written as a row comparison, "earlier in
+            // its room" is an index condition only on the pending-per-room index, so a
+            // planner whose statistics drifted cannot walk the pending index from its
+            // head through the dead entries of recent updates instead (issue 17;
+            // docs/design.md#claims-leases-and-ordering). Same rows either way.
+            let earlier = match dialect {
+                Dialect::Postgres => format!("(e.{key}, e.{position}) < (c.{key}, c.{position})"),
+                Dialect::MySql | Dialect::Sqlite => format!("e.{position} < c.{position}"),
+            };
             sql.push_str(&format!(
                 " AND NOT EXISTS (SELECT 1 FROM {table} e{hint} WHERE e.{key} = c.{key} \
-                 AND e.status = {PENDING} AND e.{position} < c.{position} \
+                 AND e.status = {PENDING} AND {earlier} \
                  AND ({waiting} OR ({leased} AND e.locked_by <> {node})){fence})"
             ));
         }
