@@ -82,6 +82,22 @@ impl Section<'_> {
             .map(|Span(duration)| duration)
     }
 
+    /// A duration that blank or zero turns off (`None`; zero with a warning): `accepted`
+    /// says what a bad value should be, `off` what off means.
+    pub(super) fn optional_duration(
+        &mut self,
+        key: &str,
+        field: &Field<Span>,
+        accepted: &str,
+        off: &str,
+    ) -> Option<Option<Duration>> {
+        if field.is_blank() {
+            return Some(None);
+        }
+        let Span(duration) = self.parse(key, field, Some(accepted))?;
+        Some(self.or_default(key, Some(duration), None, &format!("\"\" ({off})")))
+    }
+
     /// A duration whose zero (or blank) means `default`.
     pub(super) fn duration_or_default(
         &mut self,

@@ -4,7 +4,6 @@
 
 use super::check::{builtin, Report, Section};
 use super::config::{Config, DatabaseConfig, LogConfig, MaxPendingAge};
-use super::field::Span;
 use super::outboxes::{self, database_columns, Inherited, DATABASE_SCHEMES};
 use super::shape::broker_urls;
 use super::shape::{
@@ -194,27 +193,13 @@ impl RelaySettings {
             ),
         };
         // Blank keeps published rows forever, and zero does too: never "delete at once".
-        let retention = if self.retention.is_blank() {
-            Some(None)
-        } else {
-            check
-                .parse(
-                    "retention",
-                    &self.retention,
-                    Some(
-                        "a duration such as \"7d\", \"12h\" or \"30m\", or \"\" to keep published \
-                         rows forever",
-                    ),
-                )
-                .map(|Span(age)| {
-                    check.or_default(
-                        "retention",
-                        Some(age),
-                        None,
-                        "\"\" (published rows are kept forever)",
-                    )
-                })
-        };
+        let retention = check.optional_duration(
+            "retention",
+            &self.retention,
+            "a duration such as \"7d\", \"12h\" or \"30m\", or \"\" to keep published rows \
+             forever",
+            "published rows are kept forever",
+        );
         let poll_interval = check.duration_or_default(
             "poll_interval",
             &self.poll_interval,
@@ -280,24 +265,12 @@ impl RelaySettings {
     /// `max_pending_age` and `max_pending_age_readiness`: `Some(None)` when off (blank,
     /// or zero with a warning).
     fn max_pending_age(&self, check: &mut Section<'_>) -> Option<Option<MaxPendingAge>> {
-        if self.max_pending_age.is_blank() {
-            return Some(None);
-        }
-        let Span(age) = check.parse(
+        let age = check.optional_duration(
             "max_pending_age",
             &self.max_pending_age,
-            Some(
-                "a duration such as \"30s\", \"5m\" or \"1h\", or \"\" for no delivery \
-                 objective",
-            ),
+            "a duration such as \"30s\", \"5m\" or \"1h\", or \"\" for no delivery objective",
+            "no delivery objective",
         )?;
-        // Zero is off, never "every pending row is late".
-        let age = check.or_default(
-            "max_pending_age",
-            Some(age),
-            None,
-            "\"\" (no delivery objective)",
-        );
         Some(age.map(|age| MaxPendingAge {
             age,
             readiness: self.max_pending_age_readiness,
@@ -309,23 +282,13 @@ impl RelaySettings {
     /// `startup_timeout`: `Some(None)` (wait as long as it takes) when blank, or zero with
     /// a warning (the project's rule for zero durations; `"1s"` is the way to fail fast).
     fn startup_timeout(&self, check: &mut Section<'_>) -> Option<Option<Duration>> {
-        if self.startup_timeout.is_blank() {
-            return Some(None);
-        }
-        let Span(bound) = check.parse(
+        check.optional_duration(
             "startup_timeout",
             &self.startup_timeout,
-            Some(
-                "a duration such as \"30s\" or \"5m\", or \"\" to wait for the database \
-                 and the broker as long as it takes",
-            ),
-        )?;
-        Some(check.or_default(
-            "startup_timeout",
-            Some(bound),
-            None,
-            "\"\" (wait as long as it takes)",
-        ))
+            "a duration such as \"30s\" or \"5m\", or \"\" to wait for the database and the \
+             broker as long as it takes",
+            "wait as long as it takes",
+        )
     }
 }
 
