@@ -17,6 +17,7 @@ fn claim(node: &str, ordering: Ordering, max_bytes: usize) -> ClaimRequest {
         lease: Duration::from_secs(30),
         ordering,
         max_bytes: Some(max_bytes),
+        floor: None,
     }
 }
 

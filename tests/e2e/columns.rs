@@ -36,6 +36,7 @@ fn claim_all() -> ClaimRequest {
         lease: Duration::from_secs(30),
         ordering: Ordering::PerRoom,
         max_bytes: None,
+        floor: None,
     }
 }
 

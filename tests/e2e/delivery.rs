@@ -1,7 +1,7 @@
 //! Every event arrives once, byte for byte, with the message properties of
 //! `docs/design.md#publishing`, in room order.
 
-use outbox_tests::{per_backend, room_events, seed, Backend, Received, TestApp};
+use outbox_tests::{event, per_backend, room_events, seed, Backend, Received, TestApp};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -105,5 +105,47 @@ async fn postgres_wake_ups_deliver_without_waiting_for_the_poll() {
         waited < Duration::from_secs(5),
         "delivered after {waited:?}, not at the 60 s poll"
     );
+    app.teardown().await;
+}
+
+/// A producer's transaction that took its id before a backlog and commits while the relay
+/// drains it, its claims starting at a scan floor above that id (docs/design.md, "The scan
+/// floor"): the late row is delivered, and before the row its room gets after it.
+#[actix_rt::test]
+async fn postgres_a_late_commit_below_the_scan_floor_keeps_its_room_order() {
+    use sea_orm::TransactionTrait as _;
+    let mut app = TestApp::on(Backend::Postgres)
+        .settings(|settings| settings.relay.batch_size = 20)
+        .build()
+        .await;
+    let late = event("late-1", "room-late");
+    let txn = app.database.db().begin().await.unwrap();
+    outbox_store::insert_events(&txn, &app.database.table, std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    let backlog = room_events("backlog", 6_000, 40);
+    seed(&app.database, &backlog).await;
+    app.start().await;
+    // A quarter delivered: claims have come back full from a floor above late-1's id.
+    app.broker.wait_for(1_500, Duration::from_secs(60)).await;
+    txn.commit().await.unwrap();
+    let next = event("late-2", "room-late");
+    seed(&app.database, std::slice::from_ref(&next)).await;
+    let received = app
+        .broker
+        .wait_for(backlog.len() + 2, Duration::from_secs(60))
+        .await;
+    app.stop().await;
+    let position = |id: &str| {
+        received
+            .iter()
+            .position(|r| r.message_id == id)
+            .unwrap_or_else(|| panic!("{id} not delivered"))
+    };
+    assert!(
+        position("late-1") < position("late-2"),
+        "late-2 overtook late-1 in their room"
+    );
+    assert_eq!(received.len(), backlog.len() + 2, "no duplicates");
     app.teardown().await;
 }

@@ -6,6 +6,7 @@ use outbox_core::{
 };
 use outbox_store::{NewEvent, TableName};
 use outbox_tests::{event, per_backend, Backend, TestDatabase};
+use sea_orm::ConnectionTrait as _;
 use std::time::Duration;
 
 fn claim(node: &str, limit: usize, ordering: Ordering) -> ClaimRequest {
@@ -15,6 +16,7 @@ fn claim(node: &str, limit: usize, ordering: Ordering) -> ClaimRequest {
         lease: Duration::from_secs(30),
         ordering,
         max_bytes: None,
+        floor: None,
     }
 }
 
@@ -288,3 +290,236 @@ async fn runners_started_together_migrate_one_table(backend: Backend) {
 }
 
 per_backend!(runners_started_together_migrate_one_table: postgres, mariadb);
+
+/// The scan floor (docs/design.md#the-scan-floor): a claim says where the pending rows
+/// begin; a claim from a floor takes nothing below it, and under `per_room` a pending row
+/// below it (committed late) holds back its room's later rows instead of being overtaken.
+async fn claims_from_a_floor_skip_below_it_and_keep_room_order(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let events: Vec<NewEvent> = ["a1", "b1", "a2", "b2", "c1"]
+        .iter()
+        .map(|id| event(id, &id[..1]))
+        .collect();
+    outbox_tests::seed(&database, &events).await;
+    let store = &database.store;
+    let id = |claimed: &[OutboxRecord], event: &str| {
+        claimed
+            .iter()
+            .find(|r| r.event_id == event)
+            .map(|r| r.id)
+            .unwrap()
+    };
+
+    let first = store
+        .claim_with_floor(&claim("n1", 2, Ordering::PerRoom))
+        .await
+        .unwrap();
+    assert_eq!(event_ids(&first.records), ["a1", "b1"]);
+    let a1 = id(&first.records, "a1");
+    assert_eq!(
+        first.floor,
+        Some(a1),
+        "the lowest pending row, leased ones included"
+    );
+
+    // a1 and b1 published: the pending rows now begin at a2.
+    let batch = MarkBatch {
+        published: first.records.iter().map(|r| r.id).collect(),
+        ..MarkBatch::default()
+    };
+    store.mark("n1", &batch).await.unwrap();
+    let mut request = claim("n1", 1, Ordering::PerRoom);
+    request.floor = first.floor;
+    let second = store.claim_with_floor(&request).await.unwrap();
+    assert_eq!(event_ids(&second.records), ["a2"]);
+    let a2 = id(&second.records, "a2");
+    assert_eq!(second.floor, Some(a2), "moved up past the published rows");
+
+    // From a floor above b2 (as if b2 had committed after the floor passed it): nothing
+    // below is taken, and room b's later row waits behind b2.
+    outbox_tests::seed(&database, &[event("b3", "b")]).await;
+    let all = store
+        .claim(&claim("peek", 10, Ordering::None))
+        .await
+        .unwrap();
+    let (b2, c1) = (id(&all, "b2"), id(&all, "c1"));
+    store
+        .mark(
+            "peek",
+            &MarkBatch {
+                released: all.iter().map(|r| r.id).collect(),
+                ..MarkBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(b2 < c1);
+    let mut request = claim("n1", 10, Ordering::PerRoom);
+    request.floor = Some(c1);
+    let third = store.claim_with_floor(&request).await.unwrap();
+    assert_eq!(
+        event_ids(&third.records),
+        ["c1"],
+        "b3 waits behind b2, below the floor"
+    );
+    assert_eq!(third.floor, Some(c1));
+    let mut request = claim("n2", 10, Ordering::None);
+    request.floor = Some(c1);
+    let unordered = store.claim_with_floor(&request).await.unwrap();
+    assert_eq!(
+        event_ids(&unordered.records),
+        ["b3"],
+        "without ordering only the floor counts"
+    );
+
+    let from_head = store
+        .claim_with_floor(&claim("n3", 10, Ordering::PerRoom))
+        .await
+        .unwrap();
+    assert_eq!(event_ids(&from_head.records), ["b2"]);
+    assert_eq!(from_head.floor, Some(a2));
+    database.drop_table().await;
+}
+
+per_backend!(claims_from_a_floor_skip_below_it_and_keep_room_order: postgres, mariadb, sqlite);
+
+/// The top node's `Buffers: shared hit=… read=…` of an `EXPLAIN (ANALYZE, BUFFERS)` plan:
+/// every page the statement touched.
+fn buffers(plan: &str) -> u64 {
+    let line = plan
+        .lines()
+        .find(|line| line.trim_start().starts_with("Buffers: shared"))
+        .unwrap_or_else(|| panic!("no buffers in\n{plan}"));
+    ["hit=", "read="]
+        .iter()
+        .filter_map(|key| line.split(key).nth(1))
+        .map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// Issue 17: with history (published rows) and the dead index entries of rows marked since
+/// the last vacuum, the claim plan reads the pending rows and no published ones: the
+/// candidates from the pending index, the per-room probe on the pending-per-room index as
+/// a row comparison, and, from a floor, not the dead head. A plan regression fails here.
+#[actix_rt::test]
+async fn postgres_claim_plans_read_the_pending_rows_not_the_history() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    // 30,000 published rows over 100 rooms, then 3,000 pending rows marked published
+    // without a vacuum (dead entries at the pending index's head), then 500 pending.
+    database
+        .execute(
+            "INSERT INTO {t} (event_id, event_type, room_id, envelope, status, published_at) \
+             SELECT 'h-' || n, 'room.message.posted', 'room-' || (n % 100), repeat('x', 200), \
+             'published', now() FROM generate_series(1, 30000) AS n",
+        )
+        .await;
+    database
+        .execute(
+            "INSERT INTO {t} (event_id, event_type, room_id, envelope) \
+             SELECT 'd-' || n, 'room.message.posted', 'room-' || (n % 100), repeat('x', 200) \
+             FROM generate_series(1, 3000) AS n",
+        )
+        .await;
+    database.execute("ANALYZE {t}").await;
+    database
+        .execute(
+            "UPDATE {t} SET status = 'published', published_at = now() WHERE status = 'pending'",
+        )
+        .await;
+    database
+        .execute(
+            "INSERT INTO {t} (event_id, event_type, room_id, envelope) \
+             SELECT 'p-' || n, 'room.message.posted', 'room-' || (n % 50), repeat('x', 200) \
+             FROM generate_series(1, 500) AS n",
+        )
+        .await;
+    let store = &database.store;
+    // A claim from the head says where the pending rows begin (and kills the dead entries
+    // it passes, as the relay's first claim does).
+    let first = store
+        .claim_with_floor(&claim("n1", 100, Ordering::PerRoom))
+        .await
+        .unwrap();
+    assert_eq!(first.records.len(), 100);
+    let floor = first.floor.expect("a floor");
+    assert_eq!(floor, first.records[0].id);
+
+    let mut request = claim("n2", 100, Ordering::PerRoom);
+    let from_head = store.explain_claim(&request).await.unwrap().unwrap();
+    request.floor = Some(floor);
+    let from_floor = store.explain_claim(&request).await.unwrap().unwrap();
+    let t = database.table.as_str();
+    for plan in [&from_head, &from_floor] {
+        assert!(!plan.contains("Seq Scan"), "a sequential scan:\n{plan}");
+        assert!(!plan.contains("Bitmap"), "a bitmap scan:\n{plan}");
+        assert!(
+            plan.contains(&format!("Index Scan using {t}_pending_idx on {t} c")),
+            "candidates not from the pending index:\n{plan}"
+        );
+        assert!(
+            plan.contains(&format!("using {t}_pending_room_idx on {t} e")),
+            "the per-room probe not on the pending-per-room index:\n{plan}"
+        );
+        assert!(
+            plan.lines().any(|line| line.contains("Index Cond: ((ROW(")
+                && line.contains("id) < ROW(")
+                && line.contains("c.id))")),
+            "the probe's bound is not an index condition:\n{plan}"
+        );
+    }
+    assert!(
+        from_floor.contains("Index Cond: (id >= "),
+        "the floor is not the scan's start:\n{from_floor}"
+    );
+    // n2 finds nothing claimable (every room has n1's row in flight): each plan reads the
+    // 500 pending rows' pages and probes; the history's 30,000 rows are never read.
+    let (head, floored) = (buffers(&from_head), buffers(&from_floor));
+    assert!(
+        floored < head,
+        "from the floor {floored} buffers, from the head {head}:\n{from_floor}"
+    );
+    assert!(
+        floored < 4_000,
+        "{floored} buffers for 500 pending rows:\n{from_floor}"
+    );
+    database.drop_table().await;
+}
+
+/// `status`'s autovacuum reading: the server's setting and the table's own
+/// `autovacuum_enabled` on PostgreSQL, nothing elsewhere.
+async fn stats_say_whether_autovacuum_looks_after_the_table(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let stats = database.store.stats().await.unwrap();
+    if backend != Backend::Postgres {
+        assert_eq!(stats.autovacuum, None);
+        database.drop_table().await;
+        return;
+    }
+    let server: bool = database
+        .db()
+        .query_one(sea_orm::Statement::from_string(
+            database.backend(),
+            "SELECT current_setting('autovacuum')::bool AS on",
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get("", "on")
+        .unwrap();
+    assert_eq!(stats.autovacuum, Some(server), "the server's setting");
+    database
+        .execute("ALTER TABLE {t} SET (autovacuum_enabled = false)")
+        .await;
+    let stats = database.store.stats().await.unwrap();
+    assert_eq!(stats.autovacuum, Some(false), "turned off for the table");
+    assert_eq!(database.store.autovacuum().await.unwrap(), Some(false));
+    database.drop_table().await;
+}
+
+per_backend!(stats_say_whether_autovacuum_looks_after_the_table: postgres, mariadb, sqlite);

@@ -7,7 +7,9 @@ use crate::consumer::Consume;
 use crate::scenario::{round, Backend, Bench, Drained};
 use anyhow::Context as _;
 use clap::Args;
+use outbox_core::{ClaimRequest, Ordering, OutboxStore as _};
 use sea_orm::ConnectionTrait as _;
+use std::time::Duration;
 use std::time::Instant;
 
 /// `history` options.
@@ -34,6 +36,14 @@ pub struct HistoryArgs {
     /// Let the consumer read the queue only after each drain (as in issue 17's figures).
     #[arg(long)]
     consume_after: bool,
+    /// Run the history drains with `relay.retention` set to this (e.g. `1m`): the Janitor
+    /// deletes the published rows older than that meanwhile, the pre-filled history included.
+    #[arg(long)]
+    retention: Option<String>,
+    /// PostgreSQL: after the runs, print the claim's plan (`EXPLAIN (ANALYZE, BUFFERS)`)
+    /// from the pending index's head and from a scan floor, on the table with its history.
+    #[arg(long)]
+    explain: bool,
 }
 
 /// Published rows per `INSERT … SELECT`: one statement per chunk keeps each transaction,
@@ -72,7 +82,12 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
     let empty_rate = rate(&drained, events);
     print_run("empty table", 0, &drained, empty_rate);
 
-    let bench = Bench::setup(args.backend, |_| {}).await?;
+    let bench = Bench::setup(args.backend, |settings| {
+        if let Some(retention) = &args.retention {
+            settings.relay.retention = retention.as_str().into();
+        }
+    })
+    .await?;
     let started = Instant::now();
     prefill_published(&bench, args.rows, args.rooms, args.envelope_bytes).await?;
     let prefill_seconds = started.elapsed().as_secs_f64();
@@ -82,6 +97,7 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
         args.rows as f64 / prefill_seconds.max(1e-9)
     );
     let mut rates = Vec::new();
+    let mut health = Vec::new();
     let mut duplicates = drained.report.duplicates;
     for k in 1..=args.runs {
         let history = args.rows + (k - 1) * events as u64;
@@ -104,8 +120,16 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
             rate,
         );
         rates.push(rate);
+        let after = table_health(&bench).await?;
+        println!("  {:<18} {after}", "");
+        health.push(after);
     }
+    let plans = match args.explain {
+        true => explain(&bench, rooms, bytes).await,
+        false => Ok(()),
+    };
     bench.teardown().await?;
+    plans?;
 
     let slowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
     let worst_ratio = slowest / empty_rate;
@@ -123,6 +147,8 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
             "empty_events_per_sec": empty_rate.round(),
             "history_events_per_sec": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
             "worst_ratio": round(worst_ratio, 2),
+            "retention": args.retention,
+            "table_after_runs": health,
             "duplicates": duplicates,
         })
     );
@@ -141,6 +167,59 @@ fn print_run(label: &str, history: u64, drained: &Drained, rate: f64) {
         drained.rss_mib,
         drained.report.duplicates,
     )
+}
+
+/// What the runs leave behind that only housekeeping removes (issue 17, point 3), read
+/// after a run: PostgreSQL's dead row versions and how many updates were HOT (no index
+/// entry), MariaDB's undo history not yet purged (InnoDB's history list: until purged,
+/// the old versions and delete-marked index entries stay), SQLite's free pages.
+async fn table_health(bench: &Bench) -> anyhow::Result<serde_json::Value> {
+    let db = bench.store.connection();
+    let t = bench.store.table();
+    let one = |sql: String| async move {
+        db.query_one(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            sql,
+        ))
+        .await?
+        .context("no answer")
+    };
+    Ok(match bench.backend {
+        Backend::Postgres => {
+            // The statistics reach the view within a second of each transaction's end.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let row = one(format!(
+                "SELECT n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, autovacuum_count \
+                 FROM pg_stat_user_tables WHERE relid = to_regclass('{t}')"
+            ))
+            .await?;
+            serde_json::json!({
+                "live_rows": row.try_get::<i64>("", "n_live_tup")?,
+                "dead_versions": row.try_get::<i64>("", "n_dead_tup")?,
+                "updates": row.try_get::<i64>("", "n_tup_upd")?,
+                "hot_updates": row.try_get::<i64>("", "n_tup_hot_upd")?,
+                "autovacuums": row.try_get::<i64>("", "autovacuum_count")?,
+            })
+        }
+        Backend::Mysql => {
+            let row = one("SELECT CAST(variable_value AS SIGNED) AS n \
+                 FROM information_schema.global_status \
+                 WHERE variable_name = 'INNODB_HISTORY_LIST_LENGTH'"
+                .to_owned())
+            .await?;
+            serde_json::json!({ "innodb_history_list_length": row.try_get::<i64>("", "n")? })
+        }
+        Backend::Sqlite => {
+            let row = one("SELECT f.freelist_count AS free, p.page_count AS pages \
+                 FROM pragma_freelist_count() f, pragma_page_count() p"
+                .to_owned())
+            .await?;
+            serde_json::json!({
+                "free_pages": row.try_get::<i32>("", "free")?,
+                "pages": row.try_get::<i32>("", "pages")?,
+            })
+        }
+    })
 }
 
 /// Adds `rows` published rows, in `rooms` rooms, with one server-side `INSERT … SELECT`
@@ -188,6 +267,39 @@ async fn prefill_published(
                 }
             )
         })?;
+    }
+    Ok(())
+}
+
+/// `--explain`: 1,000 new pending rows on the table the runs left (its history, and the
+/// dead entries of the last run's marks: no vacuum), one claim from the head as the relay's
+/// first (it kills the dead entries it passes), then the plans of the next claim from the
+/// head and from the floor that first claim returned. Nothing is leased by the plans.
+async fn explain(bench: &Bench, rooms: usize, bytes: usize) -> anyhow::Result<()> {
+    let prefix = format!("{}-explain", bench.store.table());
+    bench.fill(&prefix, 1_000, rooms, bytes).await?;
+    let request = |node: &str, floor| ClaimRequest {
+        node_id: node.into(),
+        limit: 100,
+        lease: Duration::from_secs(30),
+        ordering: Ordering::PerRoom,
+        max_bytes: Some(64 << 20),
+        floor,
+    };
+    let first = bench
+        .store
+        .claim_with_floor(&request("first", None))
+        .await?;
+    println!(
+        "  explain: a first claim from the head leased {} rows; floor {:?}",
+        first.records.len(),
+        first.floor
+    );
+    for (label, floor) in [("from the head", None), ("from the floor", first.floor)] {
+        match bench.store.explain_claim(&request("second", floor)).await? {
+            Some(plan) => println!("  claim plan {label}:\n{plan}"),
+            None => println!("  claim plans: PostgreSQL only"),
+        }
     }
     Ok(())
 }

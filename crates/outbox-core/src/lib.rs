@@ -27,7 +27,7 @@ pub use error_text::{trim_error, MAX_ERROR_BYTES};
 pub use options::{Ordering, RelayOptions};
 pub use outcome::{Failure, MarkBatch, OutcomeKind};
 pub use ports::{
-    Backlog, ClaimRequest, Confirm, EventPublisher, InsertFeed, OutboxStats, OutboxStore,
+    Backlog, ClaimRequest, Claimed, Confirm, EventPublisher, InsertFeed, OutboxStats, OutboxStore,
     PublishError, PurgeTarget, StoreError, TableSize,
 };
 pub use record::{OutboxRecord, Status};

@@ -90,6 +90,22 @@ pub struct ClaimRequest {
     /// At most this many envelope bytes, counted in id order, except that the first row is
     /// always taken: a claim holds less than `max_bytes` plus its last row. `None`: no bound.
     pub max_bytes: Option<usize>,
+    /// Start the candidate scan at this id: a [`Claimed::floor`] of an earlier claim, below
+    /// which no pending row was left then. Rows below it are not claimed, and under
+    /// `per_room` a pending row below it holds back the later rows of its room, so a row
+    /// committed late below the floor is never overtaken in its room; it waits for the
+    /// next claim without a floor. `None`: from the oldest pending row.
+    pub floor: Option<i64>,
+}
+
+/// What a claim leased, and where the next one may start.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// The leased rows, in id order.
+    pub records: Vec<OutboxRecord>,
+    /// The lowest id of a pending row (leased or not) at or above the request's floor, in
+    /// the claim's snapshot; `None` when the store does not say or no row was leased.
+    pub floor: Option<i64>,
 }
 
 /// The finished rows a purge deletes. Pending rows are never purged: they are events that
@@ -134,6 +150,11 @@ pub struct OutboxStats {
     pub published_estimated: bool,
     /// The table's size on disk with its indexes, when the database can tell.
     pub size: Option<TableSize>,
+    /// Whether autovacuum looks after the table (PostgreSQL: the server's `autovacuum`
+    /// and `track_counts`, and the table's `autovacuum_enabled`); `None` where there is no
+    /// such thing. Without it the dead versions of marked rows stay, and so do their index
+    /// entries.
+    pub autovacuum: Option<bool>,
 }
 
 /// How much disk an outbox table takes, indexes included.
@@ -161,6 +182,16 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Atomically leases up to `limit` publishable rows to `node_id`, oldest id first,
     /// and returns them in id order.
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxRecord>, StoreError>;
+
+    /// [`OutboxStore::claim`], also saying where the next claim may start its scan
+    /// ([`ClaimRequest::floor`]). A store whose index reads do not grow with the dead
+    /// versions at its head may keep this default, which does not say.
+    async fn claim_with_floor(&self, request: &ClaimRequest) -> Result<Claimed, StoreError> {
+        Ok(Claimed {
+            records: self.claim(request).await?,
+            floor: None,
+        })
+    }
 
     /// Writes one batch of outcomes in one transaction. Rows no longer leased by
     /// `node_id` keep their state, except that `published` always wins.

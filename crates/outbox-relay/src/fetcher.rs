@@ -1,5 +1,6 @@
 //! [`Fetcher`]: claims batches and hands each record to its room's publisher.
 
+use crate::floor::ScanFloor;
 use crate::instruments::ClaimSizes;
 use crate::publisher::{Publish, Unhold};
 use crate::scheduler::Wake;
@@ -125,6 +126,8 @@ pub struct Fetcher {
     announced: bool,
     /// `outbox_claim_batch_size`.
     sizes: ClaimSizes,
+    /// Where the next claim starts its scan while a backlog drains.
+    floor: ScanFloor,
 }
 
 /// Claims after a failed one: 100 ms doubling to 10 s, jittered.
@@ -165,6 +168,7 @@ impl Fetcher {
             deferred: false,
             announced: false,
             sizes: ClaimSizes::new(outbox),
+            floor: ScanFloor::default(),
         }
     }
 }
@@ -239,6 +243,8 @@ impl Handler<Tick> for Fetcher {
             self.deferred = true;
         }
         request.max_bytes = Some(byte_room);
+        let now = Instant::now();
+        request.floor = self.floor.next(now);
         let store = Arc::clone(&self.store);
         let release_first = self.unsure;
         AtomicResponse::new(Box::pin(
@@ -246,27 +252,32 @@ impl Handler<Tick> for Fetcher {
                 let started = std::time::Instant::now();
                 let claimed = match release_first {
                     true => match store.release_node(&request.node_id).await {
-                        Ok(_) => store.claim(&request).await,
+                        Ok(_) => store.claim_with_floor(&request).await,
                         Err(error) => Err(error),
                     },
-                    false => store.claim(&request).await,
+                    false => store.claim_with_floor(&request).await,
                 };
-                (request.limit, claimed, started.elapsed())
+                (request.limit, request.floor, claimed, started.elapsed())
             }
             .into_actor(self)
-            .map(move |(limit, claimed, took), fetcher, ctx| match claimed {
-                Ok(records) => {
+            .map(move |(limit, asked, claimed, took), fetcher, ctx| match claimed {
+                Ok(claimed) => {
                     fetcher.unsure = false;
                     if fetcher.retry_at.take().is_some() {
                         info!(outbox = %fetcher.outbox, "database available again; claiming");
                     }
                     fetcher.backoff.reset();
-                    let claimed = records.len();
+                    let records = &claimed.records;
                     let bytes: usize = records.iter().map(|record| record.envelope.len()).sum();
+                    let cut_by_bytes = bytes >= byte_room;
+                    let full = records.len() == limit;
+                    fetcher.floor.claimed(now, asked, &claimed, full || cut_by_bytes);
+                    let records = claimed.records;
+                    let claimed = records.len();
                     fetcher.sizes.claimed(claimed);
                     fetcher.in_flight += claimed;
                     fetcher.in_flight_bytes += bytes;
-                    if bytes >= byte_room {
+                    if cut_by_bytes {
                         // Cut short by the byte budget: claim again once outcomes free some.
                         fetcher.deferred = true;
                     }
@@ -278,10 +289,7 @@ impl Handler<Tick> for Fetcher {
                     if claimed > 0 {
                         debug!(outbox = %fetcher.outbox, claimed, bytes, in_flight = fetcher.in_flight, in_flight_bytes = fetcher.in_flight_bytes, ?took, "claimed");
                     }
-                    TickReport {
-                        claimed,
-                        full: claimed == limit,
-                    }
+                    TickReport { claimed, full }
                 }
                 Err(error) => {
                     // The rows stay pending and unclaimed; the Scheduler is woken once the
@@ -295,6 +303,7 @@ impl Handler<Tick> for Fetcher {
                         debug!(outbox = %fetcher.outbox, %error, ?retry_in, "claim failed again");
                     }
                     fetcher.unsure = true;
+                    fetcher.floor.forget();
                     fetcher.retry_at = Some(Instant::now() + retry_in);
                     TickReport::default()
                 }
@@ -392,6 +401,7 @@ mod tests {
             lease,
             ordering: Ordering::PerRoom,
             max_bytes: None,
+            floor: None,
         };
         let fetcher = Fetcher::new(
             "room_outbox",

@@ -11,6 +11,7 @@
 //!   announces them (else whenever outcomes were written).
 //! - [`fetcher`]: claims batches through the [`outbox_core::OutboxStore`] port, bounds the
 //!   rows in flight, routes each record to its room's publisher.
+//! - [`floor`]: where the Fetcher's claims start their scan while a backlog drains.
 //! - [`publisher`]: one per confirm channel; many publishes in flight, at most one per
 //!   room under `per_room` ordering; holds back a room behind a failure.
 //! - [`marker`]: the single writer of outcomes; batches them, decides retry or dead, and
@@ -23,6 +24,7 @@
 //! - [`instruments`]: the metrics the actors record (names, and handles resolved once).
 
 pub mod fetcher;
+pub mod floor;
 pub mod instruments;
 pub mod janitor;
 pub mod listener;

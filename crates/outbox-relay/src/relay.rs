@@ -119,6 +119,7 @@ impl Relay {
                 ordering: options.ordering,
                 // Set per claim by the Fetcher, from what is in flight.
                 max_bytes: None,
+                floor: None,
             },
             max_in_flight,
             options.max_inflight_bytes,

@@ -2,6 +2,7 @@
 //! [`SeaOrmStore::read_backlog`] the metrics ask for every few seconds.
 
 use crate::dialect::{Dialect, Params};
+use crate::error::Error;
 use crate::sql::{Index, Literal, DEAD, PENDING, PUBLISHED};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
@@ -73,6 +74,7 @@ impl SeaOrmStore {
             _ => stats.published = self.count_status(PUBLISHED).await?,
         }
         stats.size = catalogue.size;
+        stats.autovacuum = self.read_autovacuum().await?;
         let mut params = Params::new(dialect);
         let at = params.bind_time_expr(now);
         let rows = db
@@ -176,6 +178,29 @@ impl SeaOrmStore {
                 Ok(catalogue)
             }
         }
+    }
+
+    /// PostgreSQL: whether autovacuum will vacuum the table ([`OutboxStats::autovacuum`]);
+    /// `None` on the other backends.
+    pub async fn autovacuum(&self) -> Result<Option<bool>, Error> {
+        Ok(self.read_autovacuum().await?)
+    }
+
+    async fn read_autovacuum(&self) -> Result<Option<bool>, DbErr> {
+        if self.dialect() != Dialect::Postgres {
+            return Ok(None);
+        }
+        let t = self.table();
+        let row = self
+            .connection()
+            .query_one(Params::new(Dialect::Postgres).statement(format!(
+                "SELECT current_setting('autovacuum')::bool AND current_setting('track_counts')::bool \
+                 AND COALESCE((SELECT option_value::bool FROM pg_options_to_table(c.reloptions) \
+                 WHERE option_name = 'autovacuum_enabled'), true) AS on \
+                 FROM pg_class c WHERE c.oid = to_regclass('{t}')"
+            )))
+            .await?;
+        row.map(|row| row.try_get::<bool>("", "on")).transpose()
     }
 
     /// Pending rows and the oldest one's age, from pending rows only: walks the pending

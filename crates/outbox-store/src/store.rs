@@ -11,7 +11,7 @@ use crate::sql::TableName;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Backlog, ClaimRequest, MarkBatch, OutboxRecord, OutboxStats, OutboxStore, PurgeTarget,
+    Backlog, ClaimRequest, Claimed, MarkBatch, OutboxRecord, OutboxStats, OutboxStore, PurgeTarget,
     StoreError,
 };
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbErr};
@@ -178,10 +178,17 @@ fn database(error: DbErr) -> StoreError {
 #[async_trait]
 impl OutboxStore for SeaOrmStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxRecord>, StoreError> {
-        let mut rows = self.claim_rows(request).await.map_err(database)?;
+        Ok(self.claim_with_floor(request).await?.records)
+    }
+
+    async fn claim_with_floor(&self, request: &ClaimRequest) -> Result<Claimed, StoreError> {
+        let mut leased = self.claim_rows(request).await.map_err(database)?;
         // RETURNING does not promise any order.
-        rows.sort_unstable_by_key(|row| row.id);
-        Ok(rows.into_iter().map(OutboxRecord::from).collect())
+        leased.rows.sort_unstable_by_key(|row| row.id);
+        Ok(Claimed {
+            records: leased.rows.into_iter().map(OutboxRecord::from).collect(),
+            floor: leased.next_floor,
+        })
     }
 
     async fn mark(&self, node_id: &str, batch: &MarkBatch) -> Result<(), StoreError> {

@@ -1,5 +1,6 @@
 //! `outbox-relay run`: the service.
 
+use crate::commands::status::AUTOVACUUM_OFF;
 use crate::dependency::{Dependency, Patience, Wait};
 use crate::endpoint::Endpoint;
 use crate::settings::Config;
@@ -36,6 +37,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         return Ok(());
     };
+    for outbox in &outboxes {
+        // A reading that fails is not worth holding the start for: the relay works either way.
+        if let Ok(Some(false)) = outbox.store.autovacuum().await {
+            warn!(outbox = %outbox.config.name, table = %outbox.config.table, "{AUTOVACUUM_OFF}");
+        }
+    }
     // Before the publishers start, so that every message gets its span.
     let traces = Traces::start(config.otlp_traces_url.as_deref(), &config.relay.node_id)?;
     let relays = start_relays(&config, &outboxes, &broker).await?;

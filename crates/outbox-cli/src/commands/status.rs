@@ -29,6 +29,9 @@ pub async fn status(config: Config, args: StatusArgs) -> anyhow::Result<()> {
         if let Some(hint) = retention_hint(stats, config.relay.retention.is_some()) {
             println!("hint             {hint}");
         }
+        if stats.autovacuum == Some(false) {
+            println!("hint             {AUTOVACUUM_OFF}");
+        }
     }
     Ok(())
 }
@@ -61,6 +64,13 @@ fn print_stats(stats: &OutboxStats) {
         None => println!("table size       -"),
     }
 }
+
+/// `status`'s hint, and the relay's warning at start, when autovacuum does not look after
+/// the table.
+pub const AUTOVACUUM_OFF: &str = "autovacuum is off for this table: the dead versions of \
+marked rows and their index entries are never removed, so the table grows and every \
+claim from the oldest pending row reads more; turn it on, see \
+docs/operations.md#autovacuum-postgresql";
 
 /// Published rows at least this many, and this share of the table, without retention: worth
 /// a hint (docs/operations.md#retention gives the throughput they cost).
@@ -130,6 +140,7 @@ fn as_json(all: &[(&crate::settings::OutboxConfig, OutboxStats)]) -> Value {
             "published_estimated": stats.published_estimated,
             "table_bytes": stats.size.map(|size| size.bytes),
             "table_bytes_method": stats.size.map(|size| size.method),
+            "autovacuum": stats.autovacuum,
         })
     };
     if let [(outbox, stats)] = all {
@@ -199,6 +210,7 @@ mod tests {
             oldest_pending_age_seconds: oldest,
             claimed: claimed.iter().map(|(n, r)| (n.to_string(), *r)).collect(),
             expired_leases: 2,
+            autovacuum: Some(true),
             published_estimated: false,
             size: Some(TableSize {
                 bytes: 4_600_000_000,

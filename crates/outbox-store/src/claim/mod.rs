@@ -8,20 +8,18 @@ mod postgres;
 mod sqlite;
 
 use crate::dialect::{Dialect, Params};
+use crate::error::Error;
 use crate::reads::Reads;
 use crate::row::ClaimedRow;
 use crate::sql::{Index, TableName, PENDING};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
 use outbox_core::{ClaimRequest, Ordering};
-use sea_orm::{ConnectionTrait, DbErr, Statement};
+use sea_orm::{ConnectionTrait, DbErr, QueryResult, Statement};
 
 impl SeaOrmStore {
     /// Leases rows for `request` on this store's backend; in no particular order.
-    pub(crate) async fn claim_rows(
-        &self,
-        request: &ClaimRequest,
-    ) -> Result<Vec<ClaimedRow>, DbErr> {
+    pub(crate) async fn claim_rows(&self, request: &ClaimRequest) -> Result<Leased, DbErr> {
         let claim = Claim {
             dialect: self.dialect(),
             table: self.table(),
@@ -35,6 +33,47 @@ impl SeaOrmStore {
             Dialect::MySql => mysql::claim(db, &claim).await,
             Dialect::Sqlite => sqlite::claim(db, &claim).await,
         }
+    }
+}
+
+impl SeaOrmStore {
+    /// The plan of a claim for `request` with `EXPLAIN (ANALYZE, BUFFERS)`: run as the
+    /// relay runs it, then rolled back (nothing is leased). PostgreSQL only (`None`
+    /// elsewhere): for diagnostics, and for the test that keeps the claim's reads bounded
+    /// by the pending rows (docs/design.md#the-scan-floor).
+    pub async fn explain_claim(&self, request: &ClaimRequest) -> Result<Option<String>, Error> {
+        let claim = Claim {
+            dialect: self.dialect(),
+            table: self.table(),
+            reads: self.reads(),
+            request,
+            now: Utc::now(),
+        };
+        match claim.dialect {
+            Dialect::Postgres => Ok(Some(postgres::explain(self.connection(), &claim).await?)),
+            Dialect::MySql | Dialect::Sqlite => Ok(None),
+        }
+    }
+}
+
+/// What a claim leased, and where the next claim may start ([`Claim::next_floor`]).
+pub(crate) struct Leased {
+    pub(crate) rows: Vec<ClaimedRow>,
+    pub(crate) next_floor: Option<i64>,
+}
+
+impl Leased {
+    /// The answer of [`Claim::lease_returning`]: its rows, and the next floor that every
+    /// row carries.
+    fn read_returning(rows: Vec<QueryResult>, reads: &Reads) -> Result<Self, DbErr> {
+        let next_floor = match rows.first() {
+            Some(row) => row.try_get::<Option<i64>>("", NEXT_FLOOR)?,
+            None => None,
+        };
+        Ok(Self {
+            rows: ClaimedRow::read_all(rows, reads)?,
+            next_floor,
+        })
     }
 }
 
@@ -67,6 +106,11 @@ impl Claim<'_> {
             dialect.time("c.locked_until"),
             params.bind_time_expr(now),
         );
+        if let Some(floor) = request.floor {
+            // The scan starts at the floor instead of the pending index's head, whose
+            // entries the last minutes' marks left dead (docs/design.md#the-scan-floor).
+            sql.push_str(&format!(" AND c.{position} >= {}", params.bind(floor)));
+        }
         if request.ordering == Ordering::PerRoom {
             // Claimable only while no earlier pending row of its room waits out a delay or
             // is leased to another node (why that keeps room order:
@@ -94,10 +138,16 @@ impl Claim<'_> {
                 Dialect::Postgres => format!("(e.{key}, e.{position}) < (c.{key}, c.{position})"),
                 Dialect::MySql | Dialect::Sqlite => format!("e.{position} < c.{position}"),
             };
+            // Below the floor, a pending row is one this claim cannot take (committed
+            // late, or made pending again): it holds its room back like a leased one.
+            let below_floor = match request.floor {
+                Some(floor) => format!(" OR e.{position} < {}", params.bind(floor)),
+                None => String::new(),
+            };
             sql.push_str(&format!(
                 " AND NOT EXISTS (SELECT 1 FROM {table} e{hint} WHERE e.{key} = c.{key} \
                  AND e.status = {PENDING} AND {earlier} \
-                 AND ({waiting} OR ({leased} AND e.locked_by <> {node})){fence})"
+                 AND ({waiting} OR ({leased} AND e.locked_by <> {node}){below_floor}){fence})"
             ));
         }
         sql
@@ -136,12 +186,37 @@ impl Claim<'_> {
             }
         };
         let ids = dialect.in_subquery(&candidates);
+        let floor = self.next_floor(&mut params);
         let sql = format!(
             "UPDATE {table} SET locked_by = {node}, locked_until = {until} WHERE {position} {ids} \
-             RETURNING {}",
+             RETURNING {}, ({floor}) AS {NEXT_FLOOR}",
             reads.claimed_columns()
         );
         params.statement(sql)
+    }
+
+    /// The lowest position of a pending row, leased or not, at or above the request's
+    /// floor: where the next claim may start ([`outbox_core::Claimed::floor`]). One walk
+    /// of the pending index from the floor to the first live entry. In `RETURNING` it is
+    /// evaluated once, and only when a row was leased.
+    fn next_floor(&self, params: &mut Params) -> String {
+        let Self {
+            dialect,
+            table,
+            reads,
+            request,
+            ..
+        } = *self;
+        let position = &reads.position;
+        let hint = dialect.index_hint(table, Index::Pending);
+        let from = match request.floor {
+            Some(floor) => format!(" AND f.{position} >= {}", params.bind(floor)),
+            None => String::new(),
+        };
+        format!(
+            "SELECT {} FROM {table} f{hint} WHERE f.status = {PENDING}{from}",
+            reads.position_value(&format!("MIN(f.{position})"))
+        )
     }
 
     /// When the leases this claim takes end.
@@ -155,6 +230,9 @@ impl Claim<'_> {
         i64::try_from(self.request.limit).unwrap_or(i64::MAX)
     }
 }
+
+/// The column of a claim's answer that holds [`Claim::next_floor`].
+const NEXT_FLOOR: &str = "claim_next_floor";
 
 /// The candidate position's alias in a budgeted claim ([`within_budget`]).
 const BUDGET_POSITION: &str = "claim_position";

@@ -1,7 +1,9 @@
 //! The claim on MySQL/MariaDB, which has neither `UPDATE … RETURNING` nor `LIMIT` in an
 //! `IN` subquery of the updated table: select, then update, in one transaction.
 
-use super::{take_claim_lock, within_budget, Claim, BUDGET_POSITION, BUDGET_SIZE};
+use super::{
+    take_claim_lock, within_budget, Claim, Leased, BUDGET_POSITION, BUDGET_SIZE, NEXT_FLOOR,
+};
 use crate::dialect::Params;
 use crate::row::ClaimedRow;
 use crate::sql::{Index, PENDING};
@@ -9,10 +11,7 @@ use outbox_core::Ordering;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, IsolationLevel, TransactionTrait};
 use std::collections::HashSet;
 
-pub(super) async fn claim(
-    db: &DatabaseConnection,
-    claim: &Claim<'_>,
-) -> Result<Vec<ClaimedRow>, DbErr> {
+pub(super) async fn claim(db: &DatabaseConnection, claim: &Claim<'_>) -> Result<Leased, DbErr> {
     let Claim {
         dialect,
         table: t,
@@ -96,6 +95,18 @@ pub(super) async fn claim(
             rows.retain(|row| leased.contains(&row.id));
         }
     }
+    let next_floor = match rows.is_empty() {
+        true => None,
+        false => {
+            let mut params = Params::new(dialect);
+            let floor = claim.next_floor(&mut params);
+            txn.query_one(params.statement(format!("SELECT ({floor}) AS {NEXT_FLOOR}")))
+                .await?
+                .map(|row| row.try_get::<Option<i64>>("", NEXT_FLOOR))
+                .transpose()?
+                .flatten()
+        }
+    };
     txn.commit().await?;
-    Ok(rows)
+    Ok(Leased { rows, next_floor })
 }

@@ -2,15 +2,11 @@
 //! explicit transaction. The statement runs under the database's write lock, which
 //! serialises claims (no row locks, no claim lock).
 
-use super::Claim;
-use crate::row::ClaimedRow;
+use super::{Claim, Leased};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 
-pub(super) async fn claim(
-    db: &DatabaseConnection,
-    claim: &Claim<'_>,
-) -> Result<Vec<ClaimedRow>, DbErr> {
+pub(super) async fn claim(db: &DatabaseConnection, claim: &Claim<'_>) -> Result<Leased, DbErr> {
     let statement = claim.lease_returning();
     let rows = db.query_all(statement).await?;
-    ClaimedRow::read_all(rows, claim.reads)
+    Leased::read_returning(rows, claim.reads)
 }
