@@ -291,9 +291,10 @@ async fn runners_started_together_migrate_one_table(backend: Backend) {
 
 per_backend!(runners_started_together_migrate_one_table: postgres, mariadb);
 
-/// The scan floor (docs/design.md#the-scan-floor): a claim says where the pending rows
-/// begin; a claim from a floor takes nothing below it, and under `per_room` a pending row
-/// below it (committed late) holds back its room's later rows instead of being overtaken.
+/// The scan floor (docs/design.md#claims-leases-and-ordering, "The scan floor"): a claim
+/// says where the pending rows begin; a claim from a floor takes nothing below it, and
+/// under `per_room` a pending row below it (committed late) holds back its room's later
+/// rows instead of being overtaken.
 async fn claims_from_a_floor_skip_below_it_and_keep_room_order(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     let events: Vec<NewEvent> = ["a1", "b1", "a2", "b2", "c1"]

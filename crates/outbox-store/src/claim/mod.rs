@@ -20,13 +20,7 @@ use sea_orm::{ConnectionTrait, DbErr, QueryResult, Statement};
 impl SeaOrmStore {
     /// Leases rows for `request` on this store's backend; in no particular order.
     pub(crate) async fn claim_rows(&self, request: &ClaimRequest) -> Result<Leased, DbErr> {
-        let claim = Claim {
-            dialect: self.dialect(),
-            table: self.table(),
-            reads: self.reads(),
-            request,
-            now: Utc::now(),
-        };
+        let claim = self.claim_for(request);
         let db = self.connection();
         match claim.dialect {
             Dialect::Postgres => postgres::claim(db, &claim).await,
@@ -34,24 +28,27 @@ impl SeaOrmStore {
             Dialect::Sqlite => sqlite::claim(db, &claim).await,
         }
     }
-}
 
-impl SeaOrmStore {
     /// The plan of a claim for `request` with `EXPLAIN (ANALYZE, BUFFERS)`: run as the
     /// relay runs it, then rolled back (nothing is leased). PostgreSQL only (`None`
     /// elsewhere): for diagnostics, and for the test that keeps the claim's reads bounded
-    /// by the pending rows (docs/design.md#the-scan-floor).
+    /// by the pending rows (docs/design.md#claims-leases-and-ordering, "The scan floor").
     pub async fn explain_claim(&self, request: &ClaimRequest) -> Result<Option<String>, Error> {
-        let claim = Claim {
+        let claim = self.claim_for(request);
+        match claim.dialect {
+            Dialect::Postgres => Ok(Some(postgres::explain(self.connection(), &claim).await?)),
+            Dialect::MySql | Dialect::Sqlite => Ok(None),
+        }
+    }
+
+    /// A claim for `request` on this store, now.
+    fn claim_for<'a>(&'a self, request: &'a ClaimRequest) -> Claim<'a> {
+        Claim {
             dialect: self.dialect(),
             table: self.table(),
             reads: self.reads(),
             request,
             now: Utc::now(),
-        };
-        match claim.dialect {
-            Dialect::Postgres => Ok(Some(postgres::explain(self.connection(), &claim).await?)),
-            Dialect::MySql | Dialect::Sqlite => Ok(None),
         }
     }
 }
@@ -108,7 +105,7 @@ impl Claim<'_> {
         );
         if let Some(floor) = request.floor {
             // The scan starts at the floor instead of the pending index's head, whose
-            // entries the last minutes' marks left dead (docs/design.md#the-scan-floor).
+            // entries the last minutes' marks left dead (docs/design.md#claims-leases-and-ordering, "The scan floor").
             sql.push_str(&format!(" AND c.{position} >= {}", params.bind(floor)));
         }
         if request.ordering == Ordering::PerRoom {
