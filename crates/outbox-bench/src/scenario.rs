@@ -281,7 +281,13 @@ impl Bench {
         let relays = start_relays(&self.config, &self.outboxes, &broker).await?;
         let deadline = Duration::from_secs(120).max(Duration::from_millis(events as u64 * 2));
         // Every row marked means every publish was confirmed: the broker holds every event.
-        self.wait_all_marked(deadline).await?;
+        if let Err(error) = self.wait_all_marked(deadline).await {
+            // Stopped before the error returns: a relay dropped with the runtime would
+            // drop its PostgreSQL listener outside it (a panic, and the consumer child left).
+            let _ = relays.shutdown(self.config.relay.shutdown_timeout).await;
+            broker.close().await;
+            return Err(error);
+        }
         let seconds = started.elapsed().as_secs_f64();
         let cpu = process::cpu_seconds() - cpu_before;
         let rss_mib = process::peak_rss_mib();

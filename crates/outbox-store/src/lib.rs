@@ -18,6 +18,8 @@
 //!   (SQLite).
 //! - [`producer`]: inserting events: [`enqueue`] inside a service's own transaction, and
 //!   [`insert_events`] in bulk (the demo, tests).
+//! - `planner.rs`: PostgreSQL's statistics kept in step with a backlog (a full claim
+//!   that finds the planner expecting no pending rows analyzes the table).
 //! - [`retention`]: deleting finished rows in bounded batches (the Janitor, `purge`).
 //! - [`row`]: rows as statements read them.
 //! - `shape.rs`: a table's columns and types as the database describes them; `reads.rs`:
@@ -31,6 +33,7 @@ mod dialect;
 pub mod error;
 mod mark;
 pub mod migration;
+mod planner;
 pub mod producer;
 mod reads;
 pub mod retention;

@@ -129,47 +129,34 @@ impl SeaOrmStore {
         let p = &self.reads().position;
         let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(30));
         let until = Utc::now() + lease;
-        // The rows come from the pending index and are locked with SKIP LOCKED: a renewal
-        // never waits for a row lock, so it cannot deadlock with the Marker, whose update of
-        // the same rows locks them in another order (seen: PostgreSQL's `deadlock detected`
-        // failing a Marker flush). A row skipped is being marked; if that rolls back, the
-        // next renewal (every lease / 3) extends it.
-        let hint = dialect.index_hint(t, Index::Pending);
-        let lock = dialect.skip_locked();
-        // `?` placeholders are positional: bind in text order.
-        let held = |params: &mut Params| {
-            let node = params.bind(node_id);
-            format!(
-                "SELECT {} AS id FROM {t}{hint} WHERE status = {PENDING} AND locked_by = {node}{lock}",
-                self.reads().position_value(p)
-            )
-        };
-        if dialect == Dialect::MySql {
+        let mut params = Params::new(dialect);
+        let until = params.bind_time(until);
+        let node = params.bind(node_id);
+        let sql = match dialect {
             // MySQL cannot select from the table it updates, and a read-then-update
             // transaction would hold its locking read's locks (every pending row it scanned,
             // under REPEATABLE READ) while the Fetcher, whose future this runs in, is busy
-            // with a claim that waits for them: one statement, as before. InnoDB detects a
-            // deadlock with the Marker at once and the Marker retries.
-            let mut params = Params::new(dialect);
-            let until = params.bind_time(until);
-            let node = params.bind(node_id);
-            let result = self
-                .connection()
-                .execute(params.statement(format!(
-                    "UPDATE {t} SET locked_until = {until} WHERE locked_by = {node} AND status = {PENDING}"
-                )))
-                .await?;
-            return Ok(result.rows_affected());
-        }
-        let mut params = Params::new(dialect);
-        let until = params.bind_time(until);
-        let ids = dialect.in_subquery(&held(&mut params));
-        let result = self
-            .connection()
-            .execute(params.statement(format!(
-                "UPDATE {t} SET locked_until = {until} WHERE {p} {ids}"
-            )))
-            .await?;
+            // with a claim that waits for them: one statement. InnoDB detects a deadlock
+            // with the Marker at once and the Marker retries.
+            Dialect::MySql => format!(
+                "UPDATE {t} SET locked_until = {until} WHERE locked_by = {node} AND status = {PENDING}"
+            ),
+            // The rows come from the pending index and are locked with SKIP LOCKED: a
+            // renewal never waits for a row lock, so it cannot deadlock with the Marker,
+            // whose update of the same rows locks them in another order (seen: PostgreSQL's
+            // `deadlock detected` failing a Marker flush). A row skipped is being marked; if
+            // that rolls back, the next renewal (every lease / 3) extends it.
+            Dialect::Postgres | Dialect::Sqlite => {
+                let held = format!(
+                    "SELECT {} AS id FROM {t}{} WHERE status = {PENDING} AND locked_by = {node}{}",
+                    self.reads().position_value(p),
+                    dialect.index_hint(t, Index::Pending),
+                    dialect.skip_locked(),
+                );
+                format!("UPDATE {t} SET locked_until = {until} WHERE {p} {}", dialect.in_subquery(&held))
+            }
+        };
+        let result = self.connection().execute(params.statement(sql)).await?;
         Ok(result.rows_affected())
     }
 }

@@ -5,6 +5,7 @@ use crate::columns::{Columns, MappingProblem, BOOKKEEPING};
 use crate::dialect::Dialect;
 use crate::error::Error;
 use crate::migration;
+use crate::planner::StatisticsWatch;
 use crate::reads::Reads;
 use crate::shape::TableShape;
 use crate::sql::TableName;
@@ -15,6 +16,7 @@ use outbox_core::{
     StoreError,
 };
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbErr};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Opens a pool of at most `max_connections` to `url` (`postgres://`, `mysql://`, `sqlite://`);
@@ -51,6 +53,8 @@ pub struct SeaOrmStore {
     columns: Columns,
     /// How the statements read the mapped columns (casts learned by `check_columns`).
     reads: Reads,
+    /// PostgreSQL: when a full claim last checked the planner's statistics.
+    statistics: Arc<StatisticsWatch>,
 }
 
 impl SeaOrmStore {
@@ -63,6 +67,7 @@ impl SeaOrmStore {
             table,
             columns,
             reads,
+            statistics: Arc::default(),
         }
     }
 
@@ -182,7 +187,18 @@ impl OutboxStore for SeaOrmStore {
     }
 
     async fn claim_with_floor(&self, request: &ClaimRequest) -> Result<Claimed, StoreError> {
+        let postgres = self.dialect() == Dialect::Postgres;
+        if postgres {
+            self.statistics
+                .before_claim(&self.db, &self.table, request.limit)
+                .await;
+        }
         let mut leased = self.claim_rows(request).await.map_err(database)?;
+        if postgres && leased.rows.len() >= request.limit {
+            self.statistics
+                .after_full_claim(&self.db, &self.table, leased.rows.len())
+                .await;
+        }
         // RETURNING does not promise any order.
         leased.rows.sort_unstable_by_key(|row| row.id);
         Ok(Claimed {

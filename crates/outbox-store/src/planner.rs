@@ -1,0 +1,214 @@
+//! PostgreSQL's statistics kept in step with a backlog. The planner costs the claim from
+//! the statistics of the last ANALYZE; a table that was analyzed while it held no pending
+//! rows (a quiet table with history, or one just vacuumed) makes it believe the pending
+//! indexes are empty, and it then answers every per-room probe with a walk of the whole
+//! pending index instead of the room's entries: measured, one claim of 100 rows over a
+//! 100,000-row backlog took 2.9 s on a 5,000,000-row table instead of about 1 ms, until
+//! the next ANALYZE (which autovacuum runs only after 10 % of the table changed, and
+//! never when it is off). So the store asks the planner how many pending rows it expects
+//! before the first claim and after full claims, and when it is fewer than a claim
+//! takes while the table holds that many, analyzes the table's `status` column from a
+//! small sample. Why: docs/design.md#claims-leases-and-ordering, "Statistics".
+
+use crate::sql::{TableName, PENDING};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionTrait};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// How long a check that found the statistics right (or refreshed them) stands.
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The statistics target of the refresh: ANALYZE samples 300 rows per unit.
+const SAMPLE_TARGET: u32 = 10;
+
+/// When the next check is due, shared by the clones of one store.
+#[derive(Debug, Default)]
+pub(crate) struct StatisticsWatch {
+    state: Mutex<Watch>,
+}
+
+#[derive(Debug, Default)]
+struct Watch {
+    /// The first claim's check ran.
+    started: bool,
+    /// The next check after a full claim is not before this; `None`: at the next one
+    /// (the last check found the planner expecting fewer pending rows than a claim takes,
+    /// with no backlog to analyze: the next full claim shows one).
+    quiet_until: Option<Instant>,
+}
+
+/// What a check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// The planner expects at least a claim's worth of pending rows.
+    Right,
+    /// It expected `expected`; the table held more: analyzed.
+    Refreshed { expected: u64 },
+    /// It expects fewer, and the table holds fewer too: nothing to refresh yet.
+    Quiet,
+}
+
+impl StatisticsWatch {
+    /// Before the store's first claim of `limit` rows: refreshes the statistics when the
+    /// planner expects fewer pending rows than that and the table holds at least that
+    /// many (a relay started on a backlog). Never fails the claim.
+    pub(crate) async fn before_claim(
+        &self,
+        db: &DatabaseConnection,
+        table: &TableName,
+        limit: usize,
+    ) {
+        {
+            let mut watch = self.lock();
+            if watch.started {
+                return;
+            }
+            watch.started = true;
+        }
+        let found = check(db, table, limit, None).await;
+        self.after_check(found, table, limit, Instant::now());
+    }
+
+    /// After a claim that leased `leased` rows, a full one (a backlog): refreshes the
+    /// statistics when the planner expects fewer pending rows than that. Never fails
+    /// the claim.
+    pub(crate) async fn after_full_claim(
+        &self,
+        db: &DatabaseConnection,
+        table: &TableName,
+        leased: usize,
+    ) {
+        let now = Instant::now();
+        if self.lock().quiet_until.is_some_and(|until| now < until) {
+            return;
+        }
+        let found = check(db, table, leased, Some(leased)).await;
+        self.after_check(found, table, leased, now);
+    }
+
+    fn after_check(
+        &self,
+        found: Result<Found, DbErr>,
+        table: &TableName,
+        rows: usize,
+        now: Instant,
+    ) {
+        let quiet_until = match found {
+            Ok(Found::Quiet) => None,
+            Ok(Found::Right) => Some(now + CHECK_INTERVAL),
+            Ok(Found::Refreshed { expected }) => {
+                info!(
+                    table = %table,
+                    expected_pending = expected,
+                    pending_at_least = rows,
+                    "the planner's statistics were stale (the table holds more pending rows \
+                     than it expected): analyzed the table's status column"
+                );
+                Some(now + CHECK_INTERVAL)
+            }
+            Err(error) => {
+                warn!(
+                    table = %table,
+                    error = %error,
+                    "could not check or refresh the planner's statistics; claims may be slow \
+                     until the table is analyzed (docs/operations.md#autovacuum-postgresql)"
+                );
+                Some(now + CHECK_INTERVAL)
+            }
+        };
+        self.lock().quiet_until = quiet_until;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Watch> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Compares the pending rows the planner expects (`EXPLAIN` of a count of them) with
+/// `rows`; when fewer, and the table holds at least `rows` pending rows (`seen`, or a
+/// count that stops there), analyzes the `status` column.
+async fn check(
+    db: &DatabaseConnection,
+    table: &TableName,
+    rows: usize,
+    seen: Option<usize>,
+) -> Result<Found, DbErr> {
+    let one = |sql: String| async move {
+        db.query_one(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            sql,
+        ))
+        .await?
+        .ok_or_else(|| DbErr::Custom("no answer".to_owned()))
+    };
+    let plan = one(format!(
+        "EXPLAIN SELECT 1 FROM {table} WHERE status = {PENDING}"
+    ))
+    .await?
+    .try_get_by_index::<String>(0)?;
+    let expected = planned_rows(&plan)
+        .ok_or_else(|| DbErr::Custom(format!("no row estimate in the plan line {plan:?}")))?;
+    if expected >= rows as u64 {
+        return Ok(Found::Right);
+    }
+    let pending = match seen {
+        Some(seen) => seen as i64,
+        None => one(format!(
+            "SELECT count(*) AS n FROM (SELECT 1 FROM {table} WHERE status = {PENDING} \
+             LIMIT {rows}) p"
+        ))
+        .await?
+        .try_get::<i64>("", "n")?,
+    };
+    if pending < rows as i64 {
+        return Ok(Found::Quiet);
+    }
+    // The status column only, from a sample of 3,000 rows (`default_statistics_target`
+    // 10, this transaction only) instead of 30,000: about a tenth of the reads, and the
+    // other columns keep the statistics of the last full ANALYZE. The row counts of the
+    // table and its indexes are refreshed with it.
+    let txn = db.begin().await?;
+    txn.execute_unprepared(&format!(
+        "SET LOCAL default_statistics_target = {SAMPLE_TARGET}; ANALYZE {table} (status)"
+    ))
+    .await?;
+    txn.commit().await?;
+    Ok(Found::Refreshed { expected })
+}
+
+/// The `rows=` estimate of a plan line such as
+/// `Index Only Scan using t_pending_idx on t  (cost=0.29..4.30 rows=1 width=4)`.
+fn planned_rows(line: &str) -> Option<u64> {
+    let (_, after) = line.split_once(" rows=")?;
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_is_read_from_the_top_plan_line() {
+        let line = "Index Only Scan using t_pending_idx on t  (cost=0.29..4.30 rows=1 width=0)";
+        assert_eq!(planned_rows(line), Some(1));
+        let line = "Seq Scan on t  (cost=0.00..155.00 rows=92996 width=4)";
+        assert_eq!(planned_rows(line), Some(92_996));
+        assert_eq!(planned_rows("Result  (cost=0.00..0.01 width=4)"), None);
+    }
+
+    #[test]
+    fn a_check_that_finds_no_backlog_leaves_the_next_full_claim_to_check() {
+        let watch = StatisticsWatch::default();
+        let table = TableName::parse("room_outbox").unwrap();
+        let now = Instant::now();
+        watch.after_check(Ok(Found::Quiet), &table, 100, now);
+        assert_eq!(watch.lock().quiet_until, None);
+        watch.after_check(Ok(Found::Right), &table, 100, now);
+        assert_eq!(watch.lock().quiet_until, Some(now + CHECK_INTERVAL));
+        let refreshed = Found::Refreshed { expected: 1 };
+        watch.after_check(Ok(refreshed), &table, 100, now);
+        assert_eq!(watch.lock().quiet_until, Some(now + CHECK_INTERVAL));
+    }
+}
