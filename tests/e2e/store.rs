@@ -413,13 +413,7 @@ async fn postgres_claim_plans_read_the_pending_rows_not_the_history() {
     let database = TestDatabase::new(Backend::Postgres).await;
     // 30,000 published rows over 100 rooms, then 3,000 pending rows marked published
     // without a vacuum (dead entries at the pending index's head), then 500 pending.
-    database
-        .execute(
-            "INSERT INTO {t} (event_id, event_type, room_id, envelope, status, published_at) \
-             SELECT 'h-' || n, 'room.message.posted', 'room-' || (n % 100), repeat('x', 200), \
-             'published', now() FROM generate_series(1, 30000) AS n",
-        )
-        .await;
+    published_history(&database).await;
     database
         .execute(
             "INSERT INTO {t} (event_id, event_type, room_id, envelope) \
@@ -527,13 +521,7 @@ async fn postgres_claims_refresh_statistics_that_expect_no_pending_rows() {
                 .await;
         }
     };
-    database
-        .execute(
-            "INSERT INTO {t} (event_id, event_type, room_id, envelope, status, published_at) \
-             SELECT 'h-' || n, 'room.message.posted', 'room-' || (n % 100), repeat('x', 200), \
-             'published', now() FROM generate_series(1, 30000) AS n",
-        )
-        .await;
+    published_history(&database).await;
     database.execute("ANALYZE {t}").await;
     let store = &database.store;
     // A first claim on the quiet table: nothing to claim, nothing to refresh.
@@ -549,16 +537,7 @@ async fn postgres_claims_refresh_statistics_that_expect_no_pending_rows() {
     );
 
     // A backlog arrives: the first full claim refreshes the statistics.
-    let first = store
-        .claim_with_floor(&claim("n1", 100, Ordering::PerRoom))
-        .await
-        .unwrap();
-    assert_eq!(first.records.len(), 100);
-    let after = planned_pending(&database).await;
-    assert!(
-        after >= 1_000,
-        "the planner still expects {after} of 2,000 pending rows after a full claim"
-    );
+    claim_refreshes(&database, store, "n1", "a full claim").await;
     let plan = store
         .explain_claim(&claim("n2", 100, Ordering::PerRoom))
         .await
@@ -579,17 +558,39 @@ async fn postgres_claims_refresh_statistics_that_expect_no_pending_rows() {
     backlog("b").await;
     assert!(planned_pending(&database).await < 100);
     let restarted = outbox_store::SeaOrmStore::new(database.db().clone(), database.table.clone());
-    let claimed = restarted
-        .claim_with_floor(&claim("n3", 100, Ordering::PerRoom))
+    claim_refreshes(&database, &restarted, "n3", "a new store's first claim").await;
+    database.drop_table().await;
+}
+
+/// A claim of 100 rows by `node` on `store` leases 100 of the 2,000-row backlog and
+/// leaves the planner expecting most of it.
+async fn claim_refreshes(
+    database: &TestDatabase,
+    store: &outbox_store::SeaOrmStore,
+    node: &str,
+    what: &str,
+) {
+    let claimed = store
+        .claim_with_floor(&claim(node, 100, Ordering::PerRoom))
         .await
         .unwrap();
     assert_eq!(claimed.records.len(), 100);
-    let after = planned_pending(&database).await;
+    let after = planned_pending(database).await;
     assert!(
         after >= 1_000,
-        "the planner still expects {after} of 2,000 pending rows after a first claim"
+        "the planner still expects {after} of 2,000 pending rows after {what}"
     );
-    database.drop_table().await;
+}
+
+/// 30,000 published rows over 100 rooms in the test's table.
+async fn published_history(database: &TestDatabase) {
+    database
+        .execute(
+            "INSERT INTO {t} (event_id, event_type, room_id, envelope, status, published_at) \
+             SELECT 'h-' || n, 'room.message.posted', 'room-' || (n % 100), repeat('x', 200), \
+             'published', now() FROM generate_series(1, 30000) AS n",
+        )
+        .await;
 }
 
 /// The pending rows PostgreSQL's planner expects in the test's table.
