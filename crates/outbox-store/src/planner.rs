@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// How long a check that found the statistics right (or refreshed them) stands.
-pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(60);
+const CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The statistics target of the refresh: ANALYZE samples 300 rows per unit.
 const SAMPLE_TARGET: u32 = 10;
