@@ -62,13 +62,15 @@ async fn keeps_last_error_within_512_bytes_on_a_char_boundary(backend: Backend) 
 
 per_backend!(keeps_last_error_within_512_bytes_on_a_char_boundary: postgres, mariadb, sqlite);
 
+/// Seeds one event per id, in its order; each event's room is its id's first letter.
+async fn seed_rooms(database: &TestDatabase, ids: &[&str]) {
+    let events: Vec<NewEvent> = ids.iter().map(|id| event(id, &id[..1])).collect();
+    outbox_tests::seed(database, &events).await;
+}
+
 async fn per_room_claims_take_a_prefix_and_wait_for_outcomes(backend: Backend) {
     let database = TestDatabase::new(backend).await;
-    let events: Vec<NewEvent> = ["a1", "b1", "a2", "b2", "a3"]
-        .iter()
-        .map(|id| event(id, &id[..1]))
-        .collect();
-    outbox_tests::seed(&database, &events).await;
+    seed_rooms(&database, &["a1", "b1", "a2", "b2", "a3"]).await;
     let store = &database.store;
 
     let first = store
@@ -297,11 +299,7 @@ per_backend!(runners_started_together_migrate_one_table: postgres, mariadb);
 /// rows instead of being overtaken.
 async fn claims_from_a_floor_skip_below_it_and_keep_room_order(backend: Backend) {
     let database = TestDatabase::new(backend).await;
-    let events: Vec<NewEvent> = ["a1", "b1", "a2", "b2", "c1"]
-        .iter()
-        .map(|id| event(id, &id[..1]))
-        .collect();
-    outbox_tests::seed(&database, &events).await;
+    seed_rooms(&database, &["a1", "b1", "a2", "b2", "c1"]).await;
     let store = &database.store;
     let id = |claimed: &[OutboxRecord], event: &str| {
         claimed
