@@ -82,6 +82,42 @@ async fn a_claim_takes_rows_within_its_byte_budget_and_always_one(backend: Backe
 
 per_backend!(a_claim_takes_rows_within_its_byte_budget_and_always_one: postgres, mariadb, sqlite);
 
+/// Envelopes above a MiB: PostgreSQL's claim reads them in pieces of a MiB
+/// (`claim/postgres.rs`), whose edges here fall inside two-byte characters.
+async fn a_large_envelope_is_claimed_byte_for_byte(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let large = format!("a{}", "é".repeat(1_300_000));
+    let exact = "b".repeat(1024 * 1024);
+    seed_one_by_one(
+        &database,
+        &[
+            event("large", "a").with_envelope(large.clone()),
+            event("exact", "b").with_envelope(exact.clone()),
+            sized("small", "a", 100),
+        ],
+    )
+    .await;
+    let claimed = database
+        .store
+        .claim(&claim("n1", Ordering::PerRoom, 64 * 1024 * 1024))
+        .await
+        .unwrap();
+    assert_eq!(event_ids(&claimed), ["large", "exact", "small"]);
+    assert_eq!(claimed[0].envelope.len(), 2_600_001);
+    assert!(
+        claimed[0].envelope == large.as_bytes(),
+        "large: byte for byte"
+    );
+    assert!(
+        claimed[1].envelope == exact.as_bytes(),
+        "a MiB: byte for byte"
+    );
+    assert_eq!(claimed[2].envelope.len(), 100);
+    database.drop_table().await;
+}
+
+per_backend!(a_large_envelope_is_claimed_byte_for_byte: postgres, mariadb, sqlite);
+
 /// The envelope bytes of rows leased and not yet resolved, read from the table.
 async fn leased_bytes(db: &DatabaseConnection, t: &TableName) -> i64 {
     let backend = db.get_database_backend();

@@ -2,6 +2,7 @@
 
 use crate::blocking::Blocking;
 use crate::cluster::{BrokerUrl, Rotation};
+use crate::handoff::Handoff;
 use crate::message::MessageSettings;
 use crate::publisher::AmqpPublisher;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -160,6 +161,8 @@ pub(crate) struct Link {
     exchanges: std::sync::Mutex<HashSet<String>>,
     /// Whether the broker blocks the current connection's publishers (a resource alarm).
     blocking: Blocking,
+    /// Bodies handed to lapin and not yet written, bounded.
+    handoff: Handoff,
 }
 
 #[derive(Debug)]
@@ -219,6 +222,7 @@ impl Broker {
         let link = Link {
             exchanges: std::sync::Mutex::new(declared),
             blocking,
+            handoff: Handoff::default(),
             settings,
             state: Mutex::new(LinkState {
                 connection: Some(Arc::new(connection)),
@@ -380,6 +384,10 @@ impl Link {
 
     pub(crate) fn blocking(&self) -> &Blocking {
         &self.blocking
+    }
+
+    pub(crate) fn handoff(&self) -> &Handoff {
+        &self.handoff
     }
 
     /// How long a close may wait for the broker's answer: none while the broker blocks

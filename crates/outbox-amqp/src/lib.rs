@@ -5,6 +5,8 @@
 //! - [`cluster`]: the brokers of `amqp.url` and the order the link tries them in.
 //! - `blocking`: whether the broker blocks publishers (a resource alarm); publishes wait
 //!   and their timeout stands still meanwhile.
+//! - `handoff`: how many body bytes may wait in lapin to be written (a large body goes
+//!   alone, so it is not held twice for every record in flight).
 //! - [`message`]: how an [`outbox_core::OutboxRecord`] becomes an AMQP message.
 //! - [`publisher`]: [`AmqpPublisher`], the [`outbox_core::EventPublisher`] port on one
 //!   confirm channel.
@@ -13,6 +15,7 @@
 mod blocking;
 pub mod broker;
 pub mod cluster;
+mod handoff;
 pub mod message;
 pub mod publisher;
 pub mod span;

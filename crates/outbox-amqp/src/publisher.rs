@@ -101,6 +101,14 @@ impl EventPublisher for AmqpPublisher {
         let (properties, span) = PublishSpan::start(record, exchange, &routing_key, properties);
         let handed_off = async {
             let channel = within(&mut clock, timeout, self.channel()).await??;
+            // Held until lapin wrote the body: at most HANDOFF_BYTES queued there, so a
+            // large body is not held twice for every record in flight (handoff.rs).
+            let _queued = within(
+                &mut clock,
+                timeout,
+                self.link.handoff().room_for(record.envelope.len()),
+            )
+            .await?;
             let options = BasicPublishOptions {
                 mandatory: true,
                 ..BasicPublishOptions::default()

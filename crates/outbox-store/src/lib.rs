@@ -12,6 +12,8 @@
 //! - [`admin`]: operator queries (dead events, requeue).
 //! - [`connection_url`](mod@connection_url): the URL sqlx is given (plain text unless the URL asks for TLS).
 //! - [`error`]: [`Error`], what the public functions return.
+//! - `pool.rs`: the connection pool (sea-orm's settings; connections shrink the buffers a
+//!   large row grew when they return to the pool).
 //! - [`migration`]: creating and upgrading the table and its indexes.
 //! - [`wake`]: how the relay hears of new rows before its next poll: LISTEN (PostgreSQL),
 //!   a `MAX(id)` probe (MySQL/MariaDB, PostgreSQL without LISTEN), `PRAGMA data_version`
@@ -35,6 +37,7 @@ pub mod error;
 mod mark;
 pub mod migration;
 mod planner;
+mod pool;
 pub mod producer;
 mod reads;
 pub mod retention;

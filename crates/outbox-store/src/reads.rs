@@ -197,13 +197,29 @@ impl Reads {
     /// event_id, event_type, room_id, envelope[, headers], retry_count, created_at`,
     /// each mapped column aliased to that name.
     pub(crate) fn claimed_columns(&self) -> String {
+        self.claimed_columns_with(&aliased(&self.payload, "envelope"))
+    }
+
+    /// [`Reads::claimed_columns`] with the envelope only where it is at most `inline`
+    /// bytes (else NULL) and its size beside it as `envelope_bytes`: PostgreSQL's claim,
+    /// which reads larger envelopes in pieces (`claim/postgres.rs`).
+    pub(crate) fn claimed_columns_inline(&self, inline: usize) -> String {
+        let payload = &self.payload;
+        self.claimed_columns_with(&format!(
+            "CASE WHEN octet_length({payload}) <= {inline} THEN {payload} END AS envelope, \
+             octet_length({payload}) AS envelope_bytes"
+        ))
+    }
+
+    /// The select list with `envelope` for the payload's place.
+    fn claimed_columns_with(&self, envelope: &str) -> String {
         let position = self.position_value(&self.position);
         let mut list = vec![
             aliased(&position, "id"),
             aliased(&self.event_id, "event_id"),
             aliased(&self.event_type, "event_type"),
             aliased(&self.key_text, "room_id"),
-            aliased(&self.payload, "envelope"),
+            envelope.to_owned(),
         ];
         if let Some(headers) = &self.headers {
             list.push(aliased(headers, "headers"));
@@ -297,6 +313,17 @@ mod tests {
         assert_eq!(
             Reads::plain(Dialect::Postgres, &Columns::default()).payload_decode,
             PayloadDecode::Text
+        );
+    }
+
+    #[test]
+    fn an_inline_claim_reads_the_envelope_up_to_a_size_and_the_size_beside_it() {
+        let reads = Reads::plain(Dialect::Postgres, &Columns::default());
+        assert_eq!(
+            reads.claimed_columns_inline(1024),
+            "id, event_id, event_type, room_id, \
+             CASE WHEN octet_length(envelope) <= 1024 THEN envelope END AS envelope, \
+             octet_length(envelope) AS envelope_bytes, headers, retry_count, created_at"
         );
     }
 

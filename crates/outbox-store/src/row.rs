@@ -6,7 +6,8 @@
 
 use crate::reads::{PayloadDecode, Reads};
 use chrono::{DateTime, Utc};
-use sea_orm::{DbErr, FromQueryResult, QueryResult};
+use futures_lite::StreamExt;
+use sea_orm::{DbErr, FromQueryResult, QueryResult, Statement, StreamTrait};
 
 /// One whole row of the outbox table (`SELECT *`: tests and tools).
 #[derive(Clone, Debug, PartialEq, Eq, FromQueryResult)]
@@ -66,35 +67,78 @@ pub struct ClaimedRow {
 impl ClaimedRow {
     /// Reads one row of a claim written with `reads`.
     pub(crate) fn read(row: &QueryResult, reads: &Reads) -> Result<Self, DbErr> {
+        let (mut claimed, envelope) = Self::read_columns(row, reads)?;
+        claimed.envelope = envelope.ok_or_else(|| null_payload(claimed.id))?;
+        Ok(claimed)
+    }
+
+    /// Reads one row of a claim whose select list is [`Reads::claimed_columns_inline`]:
+    /// the row, and the size of its envelope when the claim left it out for being large
+    /// (the envelope is then empty until read in pieces).
+    pub(crate) fn read_inline(
+        row: &QueryResult,
+        reads: &Reads,
+    ) -> Result<(Self, Option<usize>), DbErr> {
+        let (mut claimed, envelope) = Self::read_columns(row, reads)?;
+        let size = row.try_get::<Option<i32>>("", "envelope_bytes")?;
+        match (envelope, size) {
+            (Some(envelope), _) => {
+                claimed.envelope = envelope;
+                Ok((claimed, None))
+            }
+            (None, Some(size)) => Ok((claimed, Some(usize::try_from(size).unwrap_or(0)))),
+            (None, None) => Err(null_payload(claimed.id)),
+        }
+    }
+
+    /// The row's columns, its envelope apart (`None`: NULL).
+    fn read_columns(row: &QueryResult, reads: &Reads) -> Result<(Self, Option<Vec<u8>>), DbErr> {
         let envelope = match reads.payload_decode {
-            PayloadDecode::Text => row.try_get::<String>("", "envelope")?.into_bytes(),
-            PayloadDecode::Bytes => row.try_get::<Vec<u8>>("", "envelope")?,
+            PayloadDecode::Text => row
+                .try_get::<Option<String>>("", "envelope")?
+                .map(String::into_bytes),
+            PayloadDecode::Bytes => row.try_get::<Option<Vec<u8>>>("", "envelope")?,
         };
         let headers = if reads.has_headers() {
             row.try_get("", "headers")?
         } else {
             None
         };
-        Ok(Self {
+        let claimed = Self {
             id: row.try_get("", "id")?,
             event_id: row.try_get("", "event_id")?,
             event_type: row.try_get("", "event_type")?,
             room_id: row.try_get("", "room_id")?,
-            envelope,
+            envelope: Vec::new(),
             headers,
             retry_count: row.try_get("", "retry_count")?,
             created_at: row.try_get("", "created_at")?,
-        })
+        };
+        Ok((claimed, envelope))
     }
+}
 
-    /// Reads every row of a claim written with `reads`, dropping each driver row once read:
-    /// with large envelopes the claim then holds its bytes about once, not twice (the
-    /// driver's copy and ours), which is what the relay's peak memory follows.
-    pub(crate) fn read_all(rows: Vec<QueryResult>, reads: &Reads) -> Result<Vec<Self>, DbErr> {
-        rows.into_iter()
-            .map(|row| Self::read(&row, reads))
-            .collect()
+/// Runs `statement` on `conn` and reads each row of its answer with `read` as it
+/// arrives. Each driver row is dropped once read, so a claim of large envelopes holds
+/// their bytes about once (ours), not twice (the driver's whole answer and ours): what
+/// the relay's peak memory follows (docs/operations.md, "Memory and large envelopes").
+pub(crate) async fn read_each<C: StreamTrait, T>(
+    conn: &C,
+    statement: Statement,
+    mut read: impl FnMut(&QueryResult) -> Result<T, DbErr>,
+) -> Result<Vec<T>, DbErr> {
+    let stream = conn.stream(statement).await?;
+    let mut stream = std::pin::pin!(stream);
+    let mut rows = Vec::new();
+    while let Some(row) = stream.next().await {
+        rows.push(read(&row?)?);
     }
+    Ok(rows)
+}
+
+/// A claimed row whose payload is NULL: nothing to publish.
+fn null_payload(id: i64) -> DbErr {
+    DbErr::Custom(format!("row {id}: the payload is NULL"))
 }
 
 impl From<ClaimedRow> for outbox_core::OutboxRecord {

@@ -15,7 +15,7 @@ use outbox_core::{
     Backlog, ClaimRequest, Claimed, MarkBatch, OutboxRecord, OutboxStats, OutboxStore, PurgeTarget,
     StoreError,
 };
-use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbErr};
+use sea_orm::{ConnectOptions, ConnectionTrait, DatabaseConnection, DbErr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +38,7 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnecti
         // the claim or flush is retried with backoff like any database error.
         .test_before_acquire(false)
         .sqlx_logging(std::env::var_os("OUTBOX_SQLX_LOG").is_some());
-    let db = Database::connect(options).await?;
+    let db = crate::pool::open(options).await?;
     if let Some(setup) = Dialect::of(&db).database_setup() {
         db.execute_unprepared(setup).await?;
     }

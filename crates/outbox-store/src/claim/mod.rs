@@ -10,12 +10,12 @@ mod sqlite;
 use crate::dialect::{Dialect, Params};
 use crate::error::Error;
 use crate::reads::Reads;
-use crate::row::ClaimedRow;
+use crate::row::{read_each, ClaimedRow};
 use crate::sql::{Index, TableName, PENDING};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
 use outbox_core::{ClaimRequest, Ordering};
-use sea_orm::{ConnectionTrait, DbErr, QueryResult, Statement};
+use sea_orm::{ConnectionTrait, DbErr, Statement, StreamTrait};
 
 impl SeaOrmStore {
     /// Leases rows for `request` on this store's backend; in no particular order.
@@ -60,17 +60,20 @@ pub(crate) struct Leased {
 }
 
 impl Leased {
-    /// The answer of [`Claim::lease_returning`]: its rows, and the next floor that every
-    /// row carries.
-    fn read_returning(rows: Vec<QueryResult>, reads: &Reads) -> Result<Self, DbErr> {
-        let next_floor = match rows.first() {
-            Some(row) => row.try_get::<Option<i64>>("", NEXT_FLOOR)?,
-            None => None,
-        };
-        Ok(Self {
-            rows: ClaimedRow::read_all(rows, reads)?,
-            next_floor,
+    /// Runs [`Claim::lease_returning`] on `conn`: its rows, and the next floor that every
+    /// row carries (SQLite; PostgreSQL reads large envelopes apart, `postgres.rs`).
+    async fn lease_returning<C: StreamTrait>(
+        conn: &C,
+        statement: Statement,
+        reads: &Reads,
+    ) -> Result<Self, DbErr> {
+        let mut next_floor = None;
+        let rows = read_each(conn, statement, |row| {
+            next_floor = row.try_get::<Option<i64>>("", NEXT_FLOOR)?;
+            ClaimedRow::read(row, reads)
         })
+        .await?;
+        Ok(Self { rows, next_floor })
     }
 }
 
@@ -184,10 +187,14 @@ impl Claim<'_> {
         };
         let ids = dialect.in_subquery(&candidates);
         let floor = self.next_floor(&mut params);
+        // PostgreSQL leaves large envelopes out, to read them in pieces (postgres.rs).
+        let columns = match dialect {
+            Dialect::Postgres => reads.claimed_columns_inline(postgres::INLINE_BYTES),
+            Dialect::MySql | Dialect::Sqlite => reads.claimed_columns(),
+        };
         let sql = format!(
             "UPDATE {table} SET locked_by = {node}, locked_until = {until} WHERE {position} {ids} \
-             RETURNING {}, ({floor}) AS {NEXT_FLOOR}",
-            reads.claimed_columns()
+             RETURNING {columns}, ({floor}) AS {NEXT_FLOOR}"
         );
         params.statement(sql)
     }

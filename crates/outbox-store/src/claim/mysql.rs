@@ -5,7 +5,7 @@ use super::{
     take_claim_lock, within_budget, Claim, Leased, BUDGET_POSITION, BUDGET_SIZE, NEXT_FLOOR,
 };
 use crate::dialect::Params;
-use crate::row::ClaimedRow;
+use crate::row::{read_each, ClaimedRow};
 use crate::sql::{Index, PENDING};
 use outbox_core::Ordering;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, IsolationLevel, TransactionTrait};
@@ -62,8 +62,10 @@ pub(super) async fn claim(db: &DatabaseConnection, claim: &Claim<'_>) -> Result<
             )
         }
     };
-    let rows = txn.query_all(params.statement(sql)).await?;
-    let mut rows = ClaimedRow::read_all(rows, reads)?;
+    let mut rows = read_each(&txn, params.statement(sql), |row| {
+        ClaimedRow::read(row, reads)
+    })
+    .await?;
     if !rows.is_empty() {
         let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
         let mut params = Params::new(dialect);

@@ -1,19 +1,91 @@
 //! The claim on PostgreSQL: one `UPDATE … RETURNING` over the candidates, which
 //! `FOR UPDATE SKIP LOCKED` takes side by side with other nodes' claims.
 
-use super::{claim_lock_sql, Claim, Leased};
-use crate::dialect::PIN_INDEX_PLAN;
+use super::{claim_lock_sql, Claim, Leased, NEXT_FLOOR};
+use crate::dialect::{Dialect, Params, PIN_INDEX_PLAN};
+use crate::reads::PayloadDecode;
+use crate::row::{read_each, ClaimedRow};
 use outbox_core::Ordering;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement, TransactionTrait};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Statement, TransactionTrait,
+};
+
+/// Envelopes up to this size come with the claim's answer; larger ones are read in pieces
+/// of this size ([`read_in_pieces`]).
+pub(super) const INLINE_BYTES: usize = 1024 * 1024;
 
 pub(super) async fn claim(db: &DatabaseConnection, claim: &Claim<'_>) -> Result<Leased, DbErr> {
     let statement = claim.lease_returning();
     let txn = db.begin().await?;
     txn.execute_unprepared(&prelude(claim)).await?;
-    let rows = txn.query_all(statement).await?;
-    let leased = Leased::read_returning(rows, claim.reads)?;
+    let mut next_floor = None;
+    let rows = read_each(&txn, statement, |row| {
+        next_floor = row.try_get::<Option<i64>>("", NEXT_FLOOR)?;
+        ClaimedRow::read_inline(row, claim.reads)
+    })
+    .await?;
+    let mut leased = Leased {
+        rows: Vec::with_capacity(rows.len()),
+        next_floor,
+    };
+    for (mut row, left_out) in rows {
+        if let Some(size) = left_out {
+            row.envelope = read_in_pieces(&txn, claim, row.id, size).await?;
+        }
+        leased.rows.push(row);
+    }
     txn.commit().await?;
     Ok(leased)
+}
+
+/// The envelope of row `id` (`size` bytes), read as pieces of [`INLINE_BYTES`], each
+/// copied into place as it arrives. sqlx reads a message into a buffer that grows to
+/// about three times the message's size (its read buffer doubles while it copies the
+/// socket's chunks in) and keeps it until the connection reads again: a 25 MiB envelope
+/// in one row took 78 MB of driver buffers beside the envelope itself (issue 17). In
+/// pieces the driver holds about three pieces. The server converts the payload once (the
+/// subquery is kept apart by `OFFSET 0`, so the pieces slice one value; text is sent as
+/// its UTF-8 bytes, which is what the client would have received).
+async fn read_in_pieces(
+    txn: &DatabaseTransaction,
+    claim: &Claim<'_>,
+    id: i64,
+    size: usize,
+) -> Result<Vec<u8>, DbErr> {
+    let Claim { table, reads, .. } = *claim;
+    let position = &reads.position;
+    let payload = match reads.payload_decode {
+        PayloadDecode::Text => format!("convert_to({}, 'UTF8')", reads.payload()),
+        PayloadDecode::Bytes => reads.payload().to_owned(),
+    };
+    let mut params = Params::new(Dialect::Postgres);
+    let row = params.bind(id);
+    let piece = params.bind(i32::try_from(INLINE_BYTES).unwrap_or(i32::MAX));
+    let sql = format!(
+        "SELECT i AS piece, substring(b.v FROM i * {piece} + 1 FOR {piece}) AS bytes \
+         FROM (SELECT {payload} AS v FROM {table} c WHERE c.{position} = {row} OFFSET 0) b \
+         CROSS JOIN LATERAL generate_series(0, (octet_length(b.v) - 1) / {piece}) AS i"
+    );
+    let mut envelope = vec![0; size];
+    let mut copied = 0;
+    read_each(txn, params.statement(sql), |row| {
+        let index = usize::try_from(row.try_get::<i32>("", "piece")?).unwrap_or(usize::MAX);
+        let bytes = row.try_get::<Vec<u8>>("", "bytes")?;
+        let start = index.saturating_mul(INLINE_BYTES);
+        let place = envelope
+            .get_mut(start..start + bytes.len())
+            .ok_or_else(|| DbErr::Custom(format!("row {id}: its envelope changed while read")))?;
+        place.copy_from_slice(&bytes);
+        copied += bytes.len();
+        Ok(())
+    })
+    .await?;
+    if copied != size {
+        return Err(DbErr::Custom(format!(
+            "row {id}: {copied} of its envelope's {size} bytes read"
+        )));
+    }
+    Ok(envelope)
 }
 
 /// `EXPLAIN (ANALYZE, BUFFERS)` of the claim, run as the relay runs it (same settings,

@@ -3,10 +3,9 @@
 //! serialises claims (no row locks, no claim lock).
 
 use super::{Claim, Leased};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
+use sea_orm::{DatabaseConnection, DbErr};
 
 pub(super) async fn claim(db: &DatabaseConnection, claim: &Claim<'_>) -> Result<Leased, DbErr> {
     let statement = claim.lease_returning();
-    let rows = db.query_all(statement).await?;
-    Leased::read_returning(rows, claim.reads)
+    Leased::lease_returning(db, statement, claim.reads).await
 }
