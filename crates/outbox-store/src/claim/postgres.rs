@@ -66,23 +66,27 @@ async fn read_in_pieces(
          FROM (SELECT {payload} AS v FROM {table} c WHERE c.{position} = {row} OFFSET 0) b \
          CROSS JOIN LATERAL generate_series(0, (octet_length(b.v) - 1) / {piece}) AS i"
     );
+    // `size` counts the server encoding's bytes: UTF-8's are as many, another encoding's
+    // may be more, so the envelope grows when a piece reaches past it.
     let mut envelope = vec![0; size];
     let mut copied = 0;
     read_each(txn, params.statement(sql), |row| {
-        let index = usize::try_from(row.try_get::<i32>("", "piece")?).unwrap_or(usize::MAX);
+        let index = usize::try_from(row.try_get::<i32>("", "piece")?).unwrap_or(0);
         let bytes = row.try_get::<Vec<u8>>("", "bytes")?;
-        let start = index.saturating_mul(INLINE_BYTES);
-        let place = envelope
-            .get_mut(start..start + bytes.len())
-            .ok_or_else(|| DbErr::Custom(format!("row {id}: its envelope changed while read")))?;
-        place.copy_from_slice(&bytes);
+        let start = index * INLINE_BYTES;
+        let end = start + bytes.len();
+        if envelope.len() < end {
+            envelope.resize(end, 0);
+        }
+        envelope[start..end].copy_from_slice(&bytes);
         copied += bytes.len();
         Ok(())
     })
     .await?;
-    if copied != size {
+    if copied != envelope.len() {
         return Err(DbErr::Custom(format!(
-            "row {id}: {copied} of its envelope's {size} bytes read"
+            "row {id}: {copied} of its envelope's {} bytes read",
+            envelope.len()
         )));
     }
     Ok(envelope)
