@@ -9,34 +9,31 @@
 //! 8 KiB on request; this pool asks whenever a connection is returned (nothing to do for
 //! a connection that stayed small). SQLite runs in the process and has no such buffers.
 
-use sea_orm::sqlx::{self, Connection as _};
+use sea_orm::sqlx::{self, ConnectOptions as _, Connection as _};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr, RuntimeErr};
 
 /// A pool opened with `options` (its URL already the one sqlx is given).
 pub(crate) async fn open(options: ConnectOptions) -> Result<DatabaseConnection, DbErr> {
-    let url = options.get_url().to_owned();
-    let logged = options.get_sqlx_logging();
+    let url = options.get_url();
     if url.starts_with("postgres") {
-        let connect: sqlx::postgres::PgConnectOptions = url.parse().map_err(refused)?;
-        let pool = shrinking::<sqlx::Postgres>(options)
-            .connect_with(logging(connect, logged))
-            .await
-            .map_err(refused)?;
-        Ok(pool.into())
+        Ok(shrinking::<sqlx::Postgres>(options).await?.into())
     } else if url.starts_with("mysql") {
-        let connect: sqlx::mysql::MySqlConnectOptions = url.parse().map_err(refused)?;
-        let pool = shrinking::<sqlx::MySql>(options)
-            .connect_with(logging(connect, logged))
-            .await
-            .map_err(refused)?;
-        Ok(pool.into())
+        Ok(shrinking::<sqlx::MySql>(options).await?.into())
     } else {
         Database::connect(options).await
     }
 }
 
-/// sea-orm's pool settings from `options`, and buffers shrunk on every release.
-fn shrinking<DB: sqlx::Database>(options: ConnectOptions) -> sqlx::pool::PoolOptions<DB> {
+/// A pool with sea-orm's settings from `options` whose connections shrink their buffers
+/// on every release; statements logged by sqlx (at `debug`) only when `options` says so,
+/// as sea-orm does.
+async fn shrinking<DB: sqlx::Database>(options: ConnectOptions) -> Result<sqlx::Pool<DB>, DbErr> {
+    let connect: <DB::Connection as sqlx::Connection>::Options =
+        options.get_url().parse().map_err(refused)?;
+    let connect = match options.get_sqlx_logging() {
+        true => connect,
+        false => connect.disable_statement_logging(),
+    };
     options
         .sqlx_pool_options::<DB>()
         .after_release(|connection, _| {
@@ -45,14 +42,9 @@ fn shrinking<DB: sqlx::Database>(options: ConnectOptions) -> sqlx::pool::PoolOpt
                 Ok(true)
             })
         })
-}
-
-/// Statements logged by sqlx (at `debug`) only when `logged`, as sea-orm does.
-fn logging<O: sqlx::ConnectOptions>(connect: O, logged: bool) -> O {
-    match logged {
-        true => connect,
-        false => connect.disable_statement_logging(),
-    }
+        .connect_with(connect)
+        .await
+        .map_err(refused)
 }
 
 /// A refused connection as sea-orm reports it (`DbErr::Conn`), so its message is the same.
