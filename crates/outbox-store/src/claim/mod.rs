@@ -62,7 +62,7 @@ pub(crate) struct Leased {
 impl Leased {
     /// Runs [`Claim::lease_returning`] on `conn`: its rows, and the next floor that every
     /// row carries (SQLite; PostgreSQL reads large envelopes apart, `postgres.rs`).
-    async fn lease_returning<C: StreamTrait>(
+    async fn run_returning<C: StreamTrait>(
         conn: &C,
         statement: Statement,
         reads: &Reads,

@@ -7,5 +7,5 @@ use sea_orm::{DatabaseConnection, DbErr};
 
 pub(super) async fn claim(db: &DatabaseConnection, claim: &Claim<'_>) -> Result<Leased, DbErr> {
     let statement = claim.lease_returning();
-    Leased::lease_returning(db, statement, claim.reads).await
+    Leased::run_returning(db, statement, claim.reads).await
 }
