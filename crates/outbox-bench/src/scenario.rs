@@ -250,9 +250,10 @@ impl Bench {
         // Chunks of at most PREFILL_BYTES too: large envelopes stay within MariaDB's packet
         // limit, and the prefill's memory out of the relay's peak RSS.
         let chunk = PREFILL_CHUNK.min(PREFILL_BYTES / envelope_bytes).max(1);
-        // Through connections of their own, closed afterwards: a driver connection keeps
-        // its write buffer as large as the largest statement it sent (one 25 MiB envelope
-        // left 150 MB in it), and the relay's pool is not to carry the benchmark's inserts.
+        // Through connections of their own, closed afterwards: the relay's pool is not to
+        // carry the benchmark's inserts (a 25 MiB envelope grew a connection's write buffer
+        // to 150 MB; the relay's pool now shrinks it on release, but the benchmark's own
+        // memory stays out of what the relay is measured with).
         let mut producers = Vec::with_capacity(outboxes);
         for outbox in &self.outboxes {
             producers.push(outbox_store::connect(&outbox.config.database_url, 1).await?);
