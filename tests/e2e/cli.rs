@@ -1,7 +1,7 @@
-//! The binary's `--help` and `--version`.
+//! The binary's `--help` and `--version`, and its output to a reader that stops early.
 
 use outbox_tests::output::stdout;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 fn relay(args: &[&str]) -> Output {
     Command::new(crate::RELAY)
@@ -88,4 +88,21 @@ fn every_command_help_succeeds_and_explains_its_flags() {
             );
         }
     }
+}
+
+#[test]
+fn a_reader_that_closes_the_pipe_early_ends_a_command_quietly() {
+    // The read end is closed before the relay starts, so its first write fails, as it
+    // does under `outbox-relay check-config | head -1` once `head` has its line.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let output = Command::new(crate::RELAY)
+        .arg("check-config")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(output.status.success(), "{output:?}");
 }

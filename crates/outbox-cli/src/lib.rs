@@ -86,6 +86,8 @@ pub fn main() -> ExitCode {
     let system = actix_rt::System::new();
     match system.block_on(commands::dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`outbox-relay status | head -3`): it has what it wanted.
+        Err(error) if commands::OutputError::reader_gone(&error) => ExitCode::SUCCESS,
         // A bad mapping, or a database or broker refusing the settings (credentials, an
         // unknown database or vhost, a certificate, an exchange of another type).
         Err(error) if dependency::classify(&error) == dependency::Verdict::Refused => {

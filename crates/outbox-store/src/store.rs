@@ -193,10 +193,11 @@ impl OutboxStore for SeaOrmStore {
                 .before_claim(&self.db, &self.table, request.limit)
                 .await;
         }
+        let started = std::time::Instant::now();
         let mut leased = self.claim_rows(request).await.map_err(database)?;
         if postgres && leased.rows.len() >= request.limit {
             self.statistics
-                .after_full_claim(&self.db, &self.table, leased.rows.len())
+                .after_full_claim(&self.db, &self.table, leased.rows.len(), started.elapsed())
                 .await;
         }
         // RETURNING does not promise any order.

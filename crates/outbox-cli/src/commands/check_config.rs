@@ -7,16 +7,16 @@ use crate::startup::{check_columns, open_unchecked, ConfigProblem};
 /// blanks filled in, as comments; then checks each outbox's mapping against its table
 /// where the database answers ([`check_tables`]).
 pub async fn check_config(config: &Config) -> anyhow::Result<()> {
-    println!("# configuration is valid; effective settings (secrets redacted):");
+    say!("# configuration is valid; effective settings (secrets redacted):")?;
     for warning in &config.warnings {
-        println!("# warning: {warning}");
+        say!("# warning: {warning}")?;
     }
-    print!("{}", toml::to_string(&config.effective)?);
-    println!();
-    println!("# effective outboxes ({}):", config.outboxes.len());
+    // The TOML ends its last line; the blank line sets the outboxes apart.
+    say!("{}", toml::to_string(&config.effective)?)?;
+    say!("# effective outboxes ({}):", config.outboxes.len())?;
     for outbox in &config.outboxes {
         for line in describe(outbox) {
-            println!("#   {line}");
+            say!("#   {line}")?;
         }
     }
     check_tables(config).await
@@ -33,48 +33,46 @@ pub async fn check_tables(config: &Config) -> anyhow::Result<()> {
     for outbox in &config.outboxes {
         let name = &outbox.name;
         if sqlite_file_missing(&outbox.database_url) {
-            println!(
+            say!(
                 "# note: outbox {name}: database file of {} does not exist yet; not checked",
                 outbox.redacted_database_url
-            );
+            )?;
             continue;
         }
         let mut opened = match open_unchecked(config, Some(name)).await {
             Ok(opened) => opened,
             Err(error) => {
-                println!("# warning: outbox {name}: database not checked: {error:#}");
+                say!("# warning: outbox {name}: database not checked: {error:#}")?;
                 continue;
             }
         };
         let store = &mut opened[0].store;
         match check_columns(name, store).await {
-            Ok(()) => println!("# outbox {name}: table {} fits the mapping", outbox.table),
+            Ok(()) => say!("# outbox {name}: table {} fits the mapping", outbox.table)?,
             Err(error) if error.downcast_ref::<ConfigProblem>().is_some() => {
                 problems.push(error.to_string())
             }
             Err(error) => {
                 let migrating = config.database.migrate_on_start;
                 match (error.downcast_ref::<outbox_store::Error>(), migrating) {
-                    (Some(outbox_store::Error::NoTable(_)), true) => println!(
+                    (Some(outbox_store::Error::NoTable(_)), true) => say!(
                         "# note: outbox {name}: table {} does not exist yet; `run` creates it \
                          (database.migrate_on_start)",
                         outbox.table
-                    ),
-                    (Some(outbox_store::Error::NoTable(_)), false) => println!(
+                    )?,
+                    (Some(outbox_store::Error::NoTable(_)), false) => say!(
                         "# warning: outbox {name}: table {} does not exist; run `outbox-relay \
                          migrate` before `run` (database.migrate_on_start is off)",
                         outbox.table
-                    ),
-                    (Some(outbox_store::Error::NotMigrated { missing, .. }), true) => println!(
+                    )?,
+                    (Some(outbox_store::Error::NotMigrated { missing, .. }), true) => say!(
                         "# note: outbox {name}: table {} lacks the relay's columns {}; `run` \
                          adds them (database.migrate_on_start; `migrate --dry-run` shows how)",
                         outbox.table,
                         missing.join(", ")
-                    ),
-                    (Some(store_error), _) => {
-                        println!("# warning: outbox {name}: {store_error}")
-                    }
-                    (None, _) => println!("# warning: outbox {name}: table not checked: {error:#}"),
+                    )?,
+                    (Some(store_error), _) => say!("# warning: outbox {name}: {store_error}")?,
+                    (None, _) => say!("# warning: outbox {name}: table not checked: {error:#}")?,
                 }
             }
         }

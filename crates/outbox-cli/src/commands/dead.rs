@@ -26,10 +26,10 @@ pub async fn dead(config: Config, command: DeadCommand) -> anyhow::Result<()> {
             for OpenOutbox { config, store } in &outboxes {
                 let events = store.dead_events(&filter, limit).await?;
                 any |= !events.is_empty();
-                list(&config.name, &events, json);
+                list(&config.name, &events, json)?;
             }
             if !json && !any {
-                println!("no dead events");
+                say!("no dead events")?;
             }
         }
         DeadCommand::Requeue {
@@ -52,17 +52,21 @@ pub async fn dead(config: Config, command: DeadCommand) -> anyhow::Result<()> {
                 info!(outbox = %config.name, requeued = here, by = %who, selection = ?which, "dead events requeued");
                 requeued += here;
             }
-            println!("requeued {requeued} dead event(s)");
+            say!("requeued {requeued} dead event(s)")?;
         }
     }
     Ok(())
 }
 
 /// One outbox's dead events: a JSON object or a tab-separated line each.
-fn list(outbox: &str, events: &[outbox_store::DeadEvent], json: bool) {
+fn list(
+    outbox: &str,
+    events: &[outbox_store::DeadEvent],
+    json: bool,
+) -> Result<(), super::OutputError> {
     for event in events {
         if json {
-            println!(
+            say!(
                 "{}",
                 json!({
                     "id": event.id,
@@ -74,16 +78,17 @@ fn list(outbox: &str, events: &[outbox_store::DeadEvent], json: bool) {
                     "created_at": event.created_at.to_rfc3339(),
                     "outbox": outbox,
                 })
-            );
+            )?;
         } else {
-            println!(
+            say!(
                 "{}\t{}\t{}\t{}\t{}\t{outbox}",
                 event.event_id,
                 event.room_id,
                 event.event_type,
                 event.retry_count,
                 event.last_error.as_deref().unwrap_or("")
-            );
+            )?;
         }
     }
+    Ok(())
 }

@@ -198,7 +198,7 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
     }
     summary.latencies.sort_unstable();
     let stats = store.stats().await?;
-    println!(
+    say!(
         "demo: {} events over {} rooms relayed in {:.2} s: {:.0} events/s, end-to-end latency p50 {:.1} ms, p99 {:.1} ms, duplicates {}",
         summary.delivered,
         args.rooms,
@@ -207,11 +207,14 @@ pub async fn demo(config: Config, args: DemoArgs) -> anyhow::Result<()> {
         summary.latency(0.50).as_secs_f64() * 1e3,
         summary.latency(0.99).as_secs_f64() * 1e3,
         summary.duplicates,
-    );
-    println!(
+    )?;
+    say!(
         "outbox {}: {} published, {} pending, {} dead",
-        config.database.table, stats.published, stats.pending, stats.dead
-    );
+        config.database.table,
+        stats.published,
+        stats.pending,
+        stats.dead
+    )?;
     Ok(())
 }
 

@@ -31,17 +31,17 @@ pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("outbox {name}: cannot plan the migration of {table}"))?;
             if steps.is_empty() {
-                println!("outbox {name}: table {table} is up to date; nothing to do");
+                say!("outbox {name}: table {table} is up to date; nothing to do")?;
             } else {
-                println!(
+                say!(
                     "outbox {name}: table {table}: {} step(s) would run:",
                     steps.len()
-                );
+                )?;
             }
             for step in steps {
-                println!("-- {}", step.name);
+                say!("-- {}", step.name)?;
                 for statement in step.statements {
-                    println!("{};", statement.trim_end().trim_end_matches(';'));
+                    say!("{};", statement.trim_end().trim_end_matches(';'))?;
                 }
             }
             continue;
@@ -50,10 +50,10 @@ pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("outbox {name}"))?;
         if applied.is_empty() {
-            println!("table {table} is up to date");
+            say!("table {table} is up to date")?;
         }
         for migration in applied {
-            println!("applied {migration} to table {table}");
+            say!("applied {migration} to table {table}")?;
         }
         let name = name.clone();
         check_columns(&name, &mut outbox.store).await?;

@@ -1,5 +1,15 @@
 //! One module per subcommand.
 
+/// `println!` that returns the write's error ([`OutputError`]) instead of panicking: a
+/// reader that stops early (`outbox-relay status | head -3`) closes the pipe, and the
+/// command ends quietly ([`crate::main`]). Use as `say!(…)?`.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err($crate::commands::OutputError)
+    }};
+}
+
 mod check_config;
 mod dead;
 pub mod demo;
@@ -10,6 +20,22 @@ mod status;
 
 use crate::cli::Command;
 use crate::settings::Config;
+
+/// A command's write to standard output failed ([`say`]).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output: {0}")]
+pub struct OutputError(pub std::io::Error);
+
+impl OutputError {
+    /// The reader closed the pipe: Rust ignores SIGPIPE, so the write fails with
+    /// `BrokenPipe` where a C tool would have been stopped by the signal; like such a
+    /// tool, the command ends quietly. Other failures (a full disk) are errors.
+    pub fn reader_gone(error: &anyhow::Error) -> bool {
+        error
+            .downcast_ref::<Self>()
+            .is_some_and(|output| output.0.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
 
 /// Runs `command` with validated settings.
 pub async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {

@@ -33,9 +33,9 @@ pub async fn purge(config: Config, args: PurgeArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|outbox| (outbox.config.name.clone(), counts.clone()))
                 .collect::<Vec<_>>();
-            println!("{}", as_json(args.dry_run, None, &each));
+            say!("{}", as_json(args.dry_run, None, &each))?;
         } else {
-            println!("{verb} 0 published rows older than {age}: nothing is that old");
+            say!("{verb} 0 published rows older than {age}: nothing is that old")?;
         }
         return Ok(());
     };
@@ -65,14 +65,14 @@ pub async fn purge(config: Config, args: PurgeArgs) -> anyhow::Result<()> {
                 deleted
             };
             if !args.json {
-                println!("{verb} {rows} {status} row(s) {when} more than {age} ago{which}");
+                say!("{verb} {rows} {status} row(s) {when} more than {age} ago{which}")?;
             }
             counts.push((*status, rows));
         }
         each.push((name.clone(), counts));
     }
     if args.json {
-        println!("{}", as_json(args.dry_run, Some(older_than), &each));
+        say!("{}", as_json(args.dry_run, Some(older_than), &each))?;
     }
     Ok(())
 }

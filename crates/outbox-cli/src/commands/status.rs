@@ -16,53 +16,54 @@ pub async fn status(config: Config, args: StatusArgs) -> anyhow::Result<()> {
         all.push((&outbox.config, outbox.store.stats().await?));
     }
     if args.json {
-        println!("{}", as_json(&all));
+        say!("{}", as_json(&all))?;
         return Ok(());
     }
     for (index, (outbox, stats)) in all.iter().enumerate() {
         if index > 0 {
-            println!();
+            say!()?;
         }
-        println!("outbox           {}", outbox.name);
-        println!("table            {}", outbox.table);
-        print_stats(stats);
+        say!("outbox           {}", outbox.name)?;
+        say!("table            {}", outbox.table)?;
+        print_stats(stats)?;
         if let Some(hint) = retention_hint(stats, config.relay.retention.is_some()) {
-            println!("hint             {hint}");
+            say!("hint             {hint}")?;
         }
         if stats.autovacuum == Some(false) {
-            println!("hint             {AUTOVACUUM_OFF}");
+            say!("hint             {AUTOVACUUM_OFF}")?;
         }
     }
     Ok(())
 }
 
-fn print_stats(stats: &OutboxStats) {
-    println!("pending          {}", stats.pending);
+fn print_stats(stats: &OutboxStats) -> Result<(), super::OutputError> {
+    say!("pending          {}", stats.pending)?;
     match stats.published_estimated {
-        true => println!("published        {} (estimate)", stats.published),
-        false => println!("published        {}", stats.published),
+        true => say!("published        {} (estimate)", stats.published)?,
+        false => say!("published        {}", stats.published)?,
     }
-    println!("dead             {}", stats.dead);
+    say!("dead             {}", stats.dead)?;
     match stats.oldest_pending_age_seconds {
-        Some(age) => println!("oldest pending   {age:.1} s"),
-        None => println!("oldest pending   -"),
+        Some(age) => say!("oldest pending   {age:.1} s")?,
+        None => say!("oldest pending   -")?,
     }
-    println!("expired leases   {}", stats.expired_leases);
+    say!("expired leases   {}", stats.expired_leases)?;
     if stats.claimed.is_empty() {
-        println!("claimed          none");
+        say!("claimed          none")?;
     }
     for (node, rows) in &stats.claimed {
-        println!("claimed by       {node}: {rows}");
+        say!("claimed by       {node}: {rows}")?;
     }
     match stats.size {
-        Some(size) => println!(
+        Some(size) => say!(
             "table size       {} ({} bytes, {})",
             human_bytes(size.bytes),
             size.bytes,
             size.method
-        ),
-        None => println!("table size       -"),
+        )?,
+        None => say!("table size       -")?,
     }
+    Ok(())
 }
 
 /// `status`'s hint, and the relay's warning at start, when autovacuum does not look after
