@@ -503,8 +503,8 @@ async fn postgres_claim_plans_read_the_pending_rows_not_the_history() {
 /// every per-room probe (measured: 2.9 s for one claim over a 100,000-row backlog). The
 /// store refreshes the statistics after a full claim when the planner expects fewer
 /// pending rows than it leased, before its first claim when the table already holds a
-/// backlog, and after a slow full claim however recent its last check; the next claim's
-/// probe is on the pending-per-room index again.
+/// backlog, after a slow full claim however recent its last check, and when a claim runs
+/// past its timeout; the next claim's probe is on the pending-per-room index again.
 #[actix_rt::test]
 async fn postgres_claims_refresh_statistics_that_expect_no_pending_rows() {
     let database = TestDatabase::new(Backend::Postgres).await;
@@ -584,6 +584,17 @@ async fn postgres_claims_refresh_statistics_that_expect_no_pending_rows() {
         assert_eq!(claimed.records.len(), 100, "the backlog ran out");
         claims += 1;
     }
+
+    // The same, but the claim on the stale plan runs past the claim timeout: it is
+    // cancelled, the statistics refreshed, and the claim made again, all in one call.
+    let timed = outbox_store::SeaOrmStore::new(database.db().clone(), database.table.clone())
+        .with_claim_timeout(std::time::Duration::from_millis(20));
+    claim_refreshes(&database, &timed, "n3", "a claim with the statistics right").await;
+    all_published().await;
+    database.execute("ANALYZE {t}").await;
+    backlog("d", 10_000).await;
+    assert!(planned_pending(&database).await < 100);
+    claim_refreshes(&database, &timed, "n4", "a claim cancelled at its timeout").await;
     database.drop_table().await;
 }
 

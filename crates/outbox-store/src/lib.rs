@@ -21,8 +21,9 @@
 //! - [`producer`]: inserting events: [`enqueue`] inside a service's own transaction, and
 //!   [`insert_events`] in bulk (the demo, tests).
 //! - `planner.rs`: PostgreSQL's statistics kept in step with a backlog (checked before
-//!   the first claim and after full claims, at once after a slow one; a planner that
-//!   expects fewer pending rows than a claim takes gets the `status` column analyzed).
+//!   the first claim, after full claims, at once after a slow one, and after a claim
+//!   cancelled at its 1 s timeout; a planner that expects fewer pending rows than a claim
+//!   takes gets the `status` column analyzed).
 //! - [`retention`]: deleting finished rows in bounded batches (the Janitor, `purge`).
 //! - [`row`]: rows as statements read them.
 //! - `shape.rs`: a table's columns and types as the database describes them; `reads.rs`:

@@ -71,6 +71,14 @@ impl SeaOrmStore {
         }
     }
 
+    /// The same store with claims cancelled after `timeout` instead of 1 s (PostgreSQL):
+    /// a cancelled claim checks the planner's statistics and claims again
+    /// (docs/design.md#claims-leases-and-ordering, "Statistics").
+    pub fn with_claim_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.statistics = Arc::new(StatisticsWatch::with_claim_timeout(timeout));
+        self
+    }
+
     /// The same store reading the producer's columns as `columns` names them. Call
     /// [`SeaOrmStore::check_columns`] before relaying: it learns the columns' types.
     pub fn with_columns(mut self, columns: Columns) -> Self {
@@ -194,7 +202,22 @@ impl OutboxStore for SeaOrmStore {
                 .await;
         }
         let started = std::time::Instant::now();
-        let mut leased = self.claim_rows(request).await.map_err(database)?;
+        let timeout = match postgres {
+            true => self.statistics.claim_timeout(started),
+            false => None,
+        };
+        let mut leased = match self.claim_rows(request, timeout).await {
+            // Cancelled at its timeout: most likely on a plan from stale statistics, which
+            // the check refreshes; claimed again either way.
+            Err(error) if timeout.is_some() && crate::planner::cancelled(&error) => {
+                self.statistics
+                    .after_timeout(&self.db, &self.table, request.limit)
+                    .await;
+                self.claim_rows(request, None).await
+            }
+            claimed => claimed,
+        }
+        .map_err(database)?;
         if postgres && leased.rows.len() >= request.limit {
             self.statistics
                 .after_full_claim(&self.db, &self.table, leased.rows.len(), started.elapsed())

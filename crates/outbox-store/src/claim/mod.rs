@@ -16,11 +16,21 @@ use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
 use outbox_core::{ClaimRequest, Ordering};
 use sea_orm::{ConnectionTrait, DbErr, Statement, StreamTrait};
+use std::time::Duration;
 
 impl SeaOrmStore {
-    /// Leases rows for `request` on this store's backend; in no particular order.
-    pub(crate) async fn claim_rows(&self, request: &ClaimRequest) -> Result<Leased, DbErr> {
-        let claim = self.claim_for(request);
+    /// Leases rows for `request` on this store's backend; in no particular order. On
+    /// PostgreSQL a claim running past `timeout` is cancelled (SQLSTATE 57014, see
+    /// [`crate::planner::cancelled`]).
+    pub(crate) async fn claim_rows(
+        &self,
+        request: &ClaimRequest,
+        timeout: Option<Duration>,
+    ) -> Result<Leased, DbErr> {
+        let claim = Claim {
+            timeout,
+            ..self.claim_for(request)
+        };
         let db = self.connection();
         match claim.dialect {
             Dialect::Postgres => postgres::claim(db, &claim).await,
@@ -49,6 +59,7 @@ impl SeaOrmStore {
             reads: self.reads(),
             request,
             now: Utc::now(),
+            timeout: None,
         }
     }
 }
@@ -86,6 +97,8 @@ struct Claim<'a> {
     request: &'a ClaimRequest,
     /// The claim's clock: what is publishable, and when the leases end.
     now: DateTime<Utc>,
+    /// PostgreSQL: the claim's statement timeout.
+    timeout: Option<Duration>,
 }
 
 impl Claim<'_> {
@@ -97,6 +110,7 @@ impl Claim<'_> {
             reads,
             request,
             now,
+            ..
         } = *self;
         let (key, position) = (&reads.key, &reads.position);
         let mut sql = format!(
