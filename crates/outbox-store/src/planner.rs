@@ -38,9 +38,10 @@ const SLOW_RECHECK: Duration = Duration::from_secs(1);
 /// A claim running longer than this is cancelled, the statistics are checked, and it is
 /// claimed again (without the timeout): the one slow claim a stale plan still costs
 /// (measured: 8 s over 100,000 pending rows, the first claim after an autovacuum ANALYZE
-/// of the drained table) costs this instead. A claim is about 1 ms planned right and
-/// 0.1–0.3 s holding 64 MiB of envelopes; when the statistics were right, the claim was
-/// slow for another reason and claims run without a timeout for [`CHECK_INTERVAL`].
+/// of the drained table) costs this instead. A claim is about 1 ms planned right and a
+/// fraction of a second holding 64 MiB of envelopes; when the statistics were right, the
+/// claim was slow for another reason and claims run without a timeout for
+/// [`CHECK_INTERVAL`].
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The statistics target of the refresh: ANALYZE samples 300 rows per unit.
