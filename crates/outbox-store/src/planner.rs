@@ -128,17 +128,25 @@ impl StatisticsWatch {
     ) {
         let now = Instant::now();
         let found = check(db, table, limit, None).await;
-        let refreshed =
-            matches!(found, Ok(Found::Refreshed { after, .. }) if after >= limit as u64);
+        let (refreshed, right) = match found {
+            Ok(Found::Refreshed { .. }) => (true, false),
+            Ok(Found::Right | Found::Quiet) => (false, true),
+            Err(_) => (false, false),
+        };
         self.after_check(found, table, limit, now);
-        if !refreshed {
+        let mut watch = self.lock();
+        // A refresh that did not take, or a failed check, has warned already (after_check).
+        if refreshed && !watch.stuck {
+            return;
+        }
+        watch.untimed_until = Some(now + CHECK_INTERVAL);
+        if right {
             info!(
                 table = %table,
                 timeout_ms = self.claim_timeout.as_millis() as u64,
                 "a claim ran past its timeout with the planner's statistics right; claims run \
                  without a timeout for a minute"
             );
-            self.lock().untimed_until = Some(now + CHECK_INTERVAL);
         }
     }
 
