@@ -117,7 +117,7 @@ async fn dead_events_are_selected_by_pattern_room_and_age(backend: Backend) {
     let error = stderr(&partly);
     let named = error
         .lines()
-        .find(|line| line.starts_with("error: no dead event with event id"))
+        .find(|line| line.starts_with("error: no dead event has event id"))
         .unwrap_or_else(|| panic!("no error line naming the ids: {error}"));
     assert!(named.contains("nope1") && !named.contains("o3"), "{named}");
     assert!(named.contains("the other ids were requeued"), "{named}");

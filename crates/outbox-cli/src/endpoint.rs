@@ -195,8 +195,8 @@ fn bind_error(listen: SocketAddr, error: std::io::Error) -> anyhow::Error {
         }
     };
     anyhow::Error::new(ConfigProblem(format!(
-        "metrics.listen = \"{listen}\": cannot listen there: {why} ({error}); choose another \
-         address or port, or \"\" to serve no metrics"
+        "metrics.listen = \"{listen}\": cannot listen there: {why}; choose another address or \
+         port, or \"\" to serve no metrics"
     )))
 }
 

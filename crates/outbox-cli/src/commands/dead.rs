@@ -81,6 +81,10 @@ async fn requeue(outboxes: &[OpenOutbox], filter: DeadFilter, dry_run: bool) -> 
                 listing.show(&config.name, &events)?;
                 continue;
             }
+            if events.is_empty() {
+                // None of the ids is a dead event of this outbox.
+                continue;
+            }
         }
         let here = store.requeue_dead(&filter).await?;
         info!(outbox = %config.name, requeued = here, by = %who, selection = ?filter, "dead events requeued");
@@ -102,8 +106,8 @@ async fn requeue(outboxes: &[OpenOutbox], filter: DeadFilter, dry_run: bool) -> 
         .collect();
     if !missing.is_empty() {
         bail!(
-            "no dead event with event id {} passes the selection (not in the table, not dead, or \
-             filtered out); {}",
+            "no dead event has event id {} (not in the table, not dead, or outside the other \
+             filters); {}",
             missing.join(", "),
             match (dry_run, missing.len() < filter.event_ids.len()) {
                 (true, _) => "nothing changed (--dry-run)",
