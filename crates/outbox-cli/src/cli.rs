@@ -236,7 +236,8 @@ pub enum DeadCommand {
 #[derive(Debug, Args)]
 pub struct DeadFilters {
     /// Only dead events of this type, or of the types an AMQP topic pattern matches, as in
-    /// [[routes]]: `*` stands for one word, `#` for zero or more ('order.*', 'order.#').
+    /// [[amqp.routes]]: `*` stands for one word, `#` for zero or more ('order.*',
+    /// 'order.#').
     #[arg(long, value_name = "TYPE")]
     pub event_type: Option<String>,
     /// Only this room's dead events.
