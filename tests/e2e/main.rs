@@ -17,6 +17,9 @@ mod columns;
 /// `OUTBOX_RELAY_CONFIG`, plain logs off a terminal, `purge --dry-run` and `--json`, the
 /// Containerfile's OCI labels.
 mod conveniences;
+/// `dead list` and `dead requeue`: topic patterns, filters that combine, `--dry-run`,
+/// unknown event ids named, `--limit 0`, the header row.
+mod dead;
 /// Every event once, byte for byte, with the contract's properties, in room order.
 mod delivery;
 /// Unroutable events, hold-back per room, retries and dead events.
@@ -29,6 +32,8 @@ mod faults;
 mod metrics;
 /// Several relay processes on one table, a killed node, concurrent producers.
 mod multinode;
+/// PostgreSQL's notices about skipped `IF NOT EXISTS` statements stay out of the log.
+mod notices;
 /// Adopted tables and several outboxes through the binary: `migrate --dry-run`, `migrate`
 /// and `run` on a Debezium-shaped table and the original worker's; two outboxes in one
 /// process; bad mappings refused with exit code 2.

@@ -49,7 +49,7 @@ mod stats;
 pub mod store;
 pub mod wake;
 
-pub use admin::{DeadEvent, DeadFilter, Requeue};
+pub use admin::{DeadEvent, DeadFilter};
 pub use columns::{
     ColumnName, ColumnNameError, ColumnSetting, Columns, MappingError, MappingProblem,
 };
