@@ -12,6 +12,8 @@
 //! - [`admin`]: operator queries (dead events, requeue).
 //! - [`connection_url`](mod@connection_url): the URL sqlx is given (plain text unless the URL asks for TLS).
 //! - [`error`]: [`Error`], what the public functions return.
+//! - [`failover`]: never working on a server that takes no writes (a standby after a
+//!   failover): new connections checked, older ones dropped after a read-only answer.
 //! - `pool.rs`: the connection pool (sea-orm's settings; connections shrink the buffers a
 //!   large row grew when they return to the pool).
 //! - [`migration`]: creating and upgrading the table and its indexes.
@@ -35,6 +37,7 @@ pub mod columns;
 pub mod connection_url;
 mod dialect;
 pub mod error;
+pub mod failover;
 mod mark;
 pub mod migration;
 mod planner;
@@ -59,5 +62,5 @@ pub use migration::{migrate, migrate_columns, plan, PlannedStep};
 pub use producer::{enqueue, insert_events, NewEvent};
 pub use row::OutboxRow;
 pub use sql::{TableName, TableNameError};
-pub use store::{connect, SeaOrmStore};
+pub use store::{connect, connect_with, PoolSettings, SeaOrmStore};
 pub use wake::WakeUps;

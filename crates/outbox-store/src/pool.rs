@@ -8,7 +8,12 @@
 //! the largest row, not `relay.max_inflight_bytes` (issue 17). sqlx shrinks them back to
 //! 8 KiB on request; this pool asks whenever a connection is returned (nothing to do for
 //! a connection that stayed small). SQLite runs in the process and has no such buffers.
+//!
+//! Its connections also follow a failover (`failover.rs`): a new one is refused when its
+//! server takes no writes, and one opened before a read-only answer is closed at its next
+//! acquire instead of being used.
 
+use crate::failover::{Failover, Server};
 use sea_orm::sqlx::{self, ConnectOptions as _, Connection as _};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr, RuntimeErr};
 
@@ -25,17 +30,40 @@ pub(crate) async fn open(options: ConnectOptions) -> Result<DatabaseConnection, 
 }
 
 /// A pool with sea-orm's settings from `options` whose connections shrink their buffers
-/// on every release; statements logged by sqlx (at `debug`) only when `options` says so,
-/// as sea-orm does.
-async fn shrinking<DB: sqlx::Database>(options: ConnectOptions) -> Result<sqlx::Pool<DB>, DbErr> {
+/// on every release and that follow a failover; statements logged by sqlx (at `debug`)
+/// only when `options` says so, as sea-orm does.
+async fn shrinking<DB: Server>(options: ConnectOptions) -> Result<sqlx::Pool<DB>, DbErr> {
     let connect: <DB::Connection as sqlx::Connection>::Options =
         options.get_url().parse().map_err(refused)?;
     let connect = match options.get_sqlx_logging() {
         true => connect,
         false => connect.disable_statement_logging(),
     };
-    options
+    let failover = Failover::for_server(DB::describe(&connect));
+    let (checked, fresh) = (failover.clone(), failover.clone());
+    let pool = options
         .sqlx_pool_options::<DB>()
+        .after_connect(move |connection, _| {
+            let failover = checked.clone();
+            Box::pin(async move {
+                match DB::read_only(connection).await? {
+                    None => {
+                        failover.writable();
+                        Ok(())
+                    }
+                    // sqlx closes it and connects again (the name resolved anew) with its
+                    // backoff, until the acquire timeout.
+                    Some(refusal) => {
+                        failover.refuse(refusal.clone());
+                        Err(sqlx::Error::Database(Box::new(refusal)))
+                    }
+                }
+            })
+        })
+        .before_acquire(move |_, meta| {
+            let usable = !fresh.stale(meta.age);
+            Box::pin(async move { Ok(usable) })
+        })
         .after_release(|connection, _| {
             Box::pin(async move {
                 connection.shrink_buffers();
@@ -43,8 +71,15 @@ async fn shrinking<DB: sqlx::Database>(options: ConnectOptions) -> Result<sqlx::
             })
         })
         .connect_with(connect)
-        .await
-        .map_err(refused)
+        .await;
+    match pool {
+        // Only read-only servers answered: say so rather than "timed out".
+        Err(sqlx::Error::PoolTimedOut) => match failover.refused() {
+            Some(refusal) => Err(refused(sqlx::Error::Database(Box::new(refusal)))),
+            None => Err(refused(sqlx::Error::PoolTimedOut)),
+        },
+        pool => pool.map_err(refused),
+    }
 }
 
 /// A refused connection as sea-orm reports it (`DbErr::Conn`), so its message is the same.

@@ -124,6 +124,12 @@ fn database_error(error: &dyn sqlx::error::DatabaseError) -> Verdict {
     } else if let Some(error) = error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
         mysql(error.number())
     } else if error
+        .try_downcast_ref::<outbox_store::failover::ReadOnlyServer>()
+        .is_some()
+    {
+        // Only read-only servers answered (a standby not promoted yet).
+        Verdict::Transient(String::new())
+    } else if error
         .try_downcast_ref::<sqlx::sqlite::SqliteError>()
         .is_some()
     {

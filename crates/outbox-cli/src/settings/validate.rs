@@ -152,6 +152,13 @@ impl DatabaseSettings {
             &self.probe_interval,
             &defaults.probe_interval,
         );
+        let max_connection_lifetime = check.duration_or_default(
+            "max_connection_lifetime",
+            &self.max_connection_lifetime,
+            &defaults.max_connection_lifetime,
+        );
+        let idle_timeout =
+            check.duration_or_default("idle_timeout", &self.idle_timeout, &defaults.idle_timeout);
         let (url, redacted_url) = url?;
         Some(DatabaseConfig {
             url,
@@ -163,6 +170,8 @@ impl DatabaseSettings {
             notify: self.notify,
             listen_url: listen_url?,
             probe_interval: self.probe.then_some(probe_interval?),
+            max_connection_lifetime: max_connection_lifetime?,
+            idle_timeout: idle_timeout?,
         })
     }
 }
