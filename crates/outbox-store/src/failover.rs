@@ -108,6 +108,7 @@ impl Failover {
 
     /// A new connection reached a server that takes no writes: refused.
     pub(crate) fn refuse(&self, answer: ReadOnlyServer) {
+        self.read_only_seen(&answer.message);
         *lock(&self.refused) = Some(answer);
     }
 
@@ -125,16 +126,23 @@ impl Failover {
             return false;
         };
         *lock(&self.switched_at) = Some(Instant::now());
+        self.read_only_seen(&answer);
+        true
+    }
+
+    /// The server answered that it takes no writes: logged and counted once, until a
+    /// writable connection is opened again.
+    fn read_only_seen(&self, answer: &str) {
         if !self.read_only.swap(true, Ordering::Relaxed) {
             self.failovers.increment(1);
             warn!(
                 server = %self.server,
                 %answer,
-                "the database server takes no writes (failover?): closing the pool's \
-                 connections to it and connecting again"
+                "the database server takes no writes (a standby or read-only replica: a \
+                 failover?); closing the pool's connections to it and connecting again until \
+                 a writable server answers"
             );
         }
-        true
     }
 }
 
