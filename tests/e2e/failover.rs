@@ -101,8 +101,9 @@ async fn locked_rows(db: &DatabaseConnection, table: &TableName) -> i64 {
     row.try_get_by_index::<i64>(0).expect("a count")
 }
 
-/// (a) The address points at the read-only standby, then back at the primary without
-/// closing any connection; then the primary itself turns read-only under the relay's open
+/// (a) The relay starts while the address points at the standby: it waits, saying why,
+/// and starts once the address points at the primary. The address points at the
+/// read-only standby again, then back at the primary without closing any connection; then the primary itself turns read-only under the relay's open
 /// connections (`default_transaction_read_only`) and back. Each time: not ready while no
 /// writable server answers, delivery within seconds once one does, the switch logged once
 /// and counted.
@@ -116,10 +117,26 @@ async fn postgres_a_read_only_server_is_left_and_delivery_resumes_within_seconds
     let primary_url = PgPair::url(pair.primary);
     let (primary, table) = outbox_at(&primary_url).await;
     let broker = TestBroker::new("#").await;
-    let proxy = FaultProxy::start(PgPair::addr(pair.primary)).await;
+    let proxy = FaultProxy::start(PgPair::addr(pair.standby)).await;
     let url = format!("postgres://postgres@{}/postgres", proxy.addr);
     let relay = RelayProcess::spawn(crate::RELAY, &relay_settings(&url, &table, &broker));
     let metrics = relay.metrics_address().await;
+    eventually(
+        "the start-up wait naming the standby",
+        Duration::from_secs(30),
+        || async {
+            relay
+                .log_lines("the database is not usable yet")
+                .iter()
+                .any(|line| {
+                    line["reason"]
+                        .as_str()
+                        .is_some_and(|reason| reason.contains("standby"))
+                })
+        },
+    )
+    .await;
+    proxy.point_at(PgPair::addr(pair.primary));
 
     let first = room_events("fo-a1", 100, 5);
     produce(&primary, &table, &first).await;

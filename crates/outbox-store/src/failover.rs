@@ -191,6 +191,16 @@ pub struct ReadOnlyServer {
     code: &'static str,
 }
 
+impl ReadOnlyServer {
+    /// A refusal saying `message`, with the `code` the server would give a write.
+    pub fn new(message: impl Into<String>, code: &'static str) -> Self {
+        Self {
+            message: message.into(),
+            code,
+        }
+    }
+}
+
 impl std::fmt::Display for ReadOnlyServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)

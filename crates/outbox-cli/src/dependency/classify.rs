@@ -317,6 +317,20 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_that_found_only_read_only_servers_is_waited_for() {
+        let refused = outbox_store::failover::ReadOnlyServer::new(
+            "the server is in recovery (a standby): it takes no writes",
+            "25006",
+        );
+        let error = connect_error(sqlx::Error::Database(Box::new(refused)));
+        let reason = transient(classify(&error));
+        assert!(
+            reason.contains("standby") && reason.contains("25006"),
+            "{reason}"
+        );
+    }
+
+    #[test]
     fn mysql_busy_or_read_only_is_waited_for_and_access_denied_is_refused() {
         for number in [1040, 1053, 1205, 1213, 1290, 1836] {
             transient(mysql(number));
