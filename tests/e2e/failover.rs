@@ -117,7 +117,7 @@ async fn postgres_a_read_only_server_is_left_and_delivery_resumes_within_seconds
     let primary_url = PgPair::url(pair.primary);
     let (primary, table) = outbox_at(&primary_url).await;
     let broker = TestBroker::new("#").await;
-    let proxy = FaultProxy::start(PgPair::addr(pair.standby)).await;
+    let proxy = FaultProxy::start(pair.standby).await;
     let url = format!("postgres://postgres@{}/postgres", proxy.addr);
     let relay = RelayProcess::spawn(crate::RELAY, &relay_settings(&url, &table, &broker));
     let metrics = relay.metrics_address().await;
@@ -136,7 +136,7 @@ async fn postgres_a_read_only_server_is_left_and_delivery_resumes_within_seconds
         },
     )
     .await;
-    proxy.point_at(PgPair::addr(pair.primary));
+    proxy.point_at(pair.primary);
 
     let first = room_events("fo-a1", 100, 5);
     produce(&primary, &table, &first).await;
@@ -144,7 +144,7 @@ async fn postgres_a_read_only_server_is_left_and_delivery_resumes_within_seconds
     readiness(metrics, 200).await;
 
     // The address moves to the standby; the old server's connections are gone.
-    proxy.point_at(PgPair::addr(pair.standby));
+    proxy.point_at(pair.standby);
     proxy.cut();
     let second = room_events("fo-a2", 100, 5);
     produce(&primary, &table, &second).await;
@@ -159,7 +159,7 @@ async fn postgres_a_read_only_server_is_left_and_delivery_resumes_within_seconds
 
     // Back at the primary, without closing anything.
     let before = broker.received().len();
-    proxy.point_at(PgPair::addr(pair.primary));
+    proxy.point_at(pair.primary);
     let moved = Instant::now();
     let resumed = first_delivery_after(&broker, before, moved).await;
     println!(
@@ -234,7 +234,7 @@ async fn postgres_promotion_under_load_loses_nothing() {
     );
     let (primary, table) = outbox_at(&PgPair::url(pair.primary)).await;
     let broker = TestBroker::new("#").await;
-    let proxy = FaultProxy::start(PgPair::addr(pair.primary)).await;
+    let proxy = FaultProxy::start(pair.primary).await;
     let url = format!("postgres://postgres@{}/postgres", proxy.addr);
     let before_failover = room_events("fo-b1", 3000, 20);
     produce(&primary, &table, &before_failover).await;
@@ -250,7 +250,7 @@ async fn postgres_promotion_under_load_loses_nothing() {
     })
     .await
     .expect("promoted");
-    proxy.point_at(PgPair::addr(pair.standby));
+    proxy.point_at(pair.standby);
     let promoted = Instant::now();
     let before = broker.received().len();
     let standby = outbox_store::connect(&PgPair::url(pair.standby), 2)
@@ -331,4 +331,64 @@ async fn mariadb_read_only_set_and_cleared_resumes_within_seconds() {
     );
     broker.close().await;
     drop(server);
+}
+
+/// (c) A two-host URL whose first host is the read-only standby: the relay starts on the
+/// primary, the second host; after the primary stops and the standby is promoted, it
+/// moves to the first. Nothing lost, room order kept, the node never exits.
+#[actix_rt::test]
+async fn postgres_a_host_list_starts_on_the_writable_host_and_follows_a_promotion() {
+    let pair = Arc::new(
+        tokio::task::spawn_blocking(PgPair::start_apart)
+            .await
+            .expect("pair"),
+    );
+    let (primary, table) = outbox_at(&PgPair::url(pair.primary)).await;
+    let broker = TestBroker::new("#").await;
+    // libpq's form; the standby first, as after an earlier switchover nobody reordered it.
+    let url = format!(
+        "postgres://postgres@{},{}/postgres",
+        pair.standby.ip(),
+        pair.primary.ip()
+    );
+    let mut relay = RelayProcess::spawn(crate::RELAY, &relay_settings(&url, &table, &broker));
+    let first = room_events("fo-c1", 100, 5);
+    produce(&primary, &table, &first).await;
+    broker.wait_for_each(&first, Duration::from_secs(30)).await;
+
+    let failing = Arc::clone(&pair);
+    tokio::task::spawn_blocking(move || {
+        failing.stop_primary();
+        failing.promote_standby();
+    })
+    .await
+    .expect("promoted");
+    let promoted = Instant::now();
+    let before = broker.received().len();
+    let standby = outbox_store::connect(&PgPair::url(pair.standby), 2)
+        .await
+        .expect("the promoted standby");
+    let second = room_events("fo-c2", 100, 5);
+    produce(&standby, &table, &second).await;
+    let resumed = first_delivery_after(&broker, before, promoted).await;
+    println!(
+        "postgres, two hosts: promotion -> first delivery: {:.2} s",
+        resumed.as_secs_f64()
+    );
+    let all: Vec<NewEvent> = [first, second].concat();
+    let received = broker.wait_for_each(&all, Duration::from_secs(60)).await;
+    let duplicates = assert_every_event_delivered(&received, &all);
+    println!("postgres, two hosts: duplicates across the promotion: {duplicates}");
+    assert_eq!(relay.exited(), None, "exited; log:\n{}", relay.log_text());
+    assert!(
+        !relay
+            .log_lines("the database pool connects to another host")
+            .is_empty(),
+        "the move is logged; log:\n{}",
+        relay.log_text()
+    );
+    relay.stop(Duration::from_secs(10)).await;
+    assert_eq!(locked_rows(&standby, &table).await, 0, "no row left locked");
+    broker.close().await;
+    drop(pair);
 }

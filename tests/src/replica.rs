@@ -48,22 +48,36 @@ fn owned_dir(prefix: &str, user: &str) -> PathBuf {
 }
 
 /// A PostgreSQL 15 primary and its streaming standby (`pg_basebackup -R`), trust
-/// authentication for `postgres` on 127.0.0.1.
+/// authentication for `postgres` on the loopback network.
 pub struct PgPair {
     dir: PathBuf,
-    /// The primary's port (the writable server, until a promotion).
-    pub primary: u16,
-    /// The standby's port (read-only, in recovery, until promoted).
-    pub standby: u16,
+    /// The primary's address (the writable server, until a promotion).
+    pub primary: SocketAddr,
+    /// The standby's address (read-only, in recovery, until promoted).
+    pub standby: SocketAddr,
 }
 
 impl PgPair {
-    /// Creates and starts both (about two seconds).
+    /// Creates and starts both on 127.0.0.1, on free ports (about two seconds).
     pub fn start() -> Self {
+        let at = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        Self::start_at(at(free_port()), at(free_port()))
+    }
+
+    /// Both on PostgreSQL's default port, the primary on 127.0.0.2 and the standby on
+    /// 127.0.0.3: two hosts of a URL's host list (`postgres://h1,h2/db`).
+    pub fn start_apart() -> Self {
+        Self::start_at(
+            SocketAddr::from(([127, 0, 0, 2], 5432)),
+            SocketAddr::from(([127, 0, 0, 3], 5432)),
+        )
+    }
+
+    fn start_at(primary: SocketAddr, standby: SocketAddr) -> Self {
         let dir = owned_dir("pg_pair", "postgres");
         let pair = Self {
-            primary: free_port(),
-            standby: free_port(),
+            primary,
+            standby,
             dir,
         };
         let primary = pair.data("primary");
@@ -82,15 +96,20 @@ impl PgPair {
                 "UTF8",
             ],
         );
+        // Clients and the standby may come from any loopback address.
+        let hba = format!("{primary}/pg_hba.conf");
+        let mut rules = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+        rules.push_str("host all all 127.0.0.0/8 trust\nhost replication all 127.0.0.0/8 trust\n");
+        std::fs::write(&hba, rules).expect("pg_hba.conf written");
         pair.pg_ctl_start("primary", pair.primary);
         run_as(
             "postgres",
             &format!("{PG_BIN}/pg_basebackup"),
             &[
                 "-h",
-                "127.0.0.1",
+                &pair.primary.ip().to_string(),
                 "-p",
-                &pair.primary.to_string(),
+                &pair.primary.port().to_string(),
                 "-U",
                 "postgres",
                 "-D",
@@ -108,11 +127,21 @@ impl PgPair {
         self.dir.join(name).display().to_string()
     }
 
-    fn pg_ctl_start(&self, name: &str, port: u16) {
+    fn pg_ctl_start(&self, name: &str, at: SocketAddr) {
+        // A socket directory of its own (not the data directory, which the standby's
+        // base backup copies with its lock files): both may listen on the same port.
+        let sockets = self
+            .dir
+            .join(format!("{name}-sockets"))
+            .display()
+            .to_string();
+        run_as("postgres", "mkdir", &["-p", &sockets]);
         let options = format!(
-            "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off \
+            "-p {} -c listen_addresses={} -c unix_socket_directories={} -c fsync=off \
              -c synchronous_commit=off",
-            self.dir.display()
+            at.port(),
+            at.ip(),
+            sockets
         );
         let log = self.dir.join(format!("{name}.log")).display().to_string();
         run_as(
@@ -131,21 +160,17 @@ impl PgPair {
         );
     }
 
-    /// The URL of the server on `port` (database `postgres`).
-    pub fn url(port: u16) -> String {
-        format!("postgres://postgres@127.0.0.1:{port}/postgres")
-    }
-
-    /// The address of the server on `port`.
-    pub fn addr(port: u16) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], port))
+    /// The URL of the server at `at` (database `postgres`).
+    pub fn url(at: SocketAddr) -> String {
+        format!("postgres://postgres@{at}/postgres")
     }
 
     /// Runs each of `statements` (own transactions, one session) as `postgres` on the
-    /// server on `port`, with `psql`; panics when one fails.
-    pub fn sql(port: u16, statements: &[&str]) {
+    /// server at `at`, with `psql`; panics when one fails.
+    pub fn sql(at: SocketAddr, statements: &[&str]) {
         let mut psql = Command::new(format!("{PG_BIN}/psql"));
-        psql.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+        psql.args(["-h", &at.ip().to_string(), "-p", &at.port().to_string()])
+            .args(["-U", "postgres"])
             .args(["-d", "postgres", "-v", "ON_ERROR_STOP=1", "-q"]);
         for statement in statements {
             psql.args(["-c", statement]);

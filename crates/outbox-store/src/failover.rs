@@ -17,8 +17,10 @@
 //!   ([`FAILOVERS`]).
 //!
 //! The pool's hooks and the stores on it share one [`Failover`], found again from the
-//! pool's server (the stores get the pool as sea-orm's `DatabaseConnection`, which holds
-//! nothing of ours).
+//! pool itself (the stores get the pool as sea-orm's `DatabaseConnection`, which holds
+//! nothing of ours). A URL naming several hosts (libpq's form, [`crate::hosts`]) gives a
+//! pool that starts on the first writable host and moves to another when its host fails
+//! or answers read-only.
 
 use sea_orm::sqlx::{self, mysql::MySqlConnectOptions, postgres::PgConnectOptions};
 use sea_orm::{DatabaseConnection, DbErr, RuntimeErr};
@@ -26,7 +28,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -41,8 +43,17 @@ pub(crate) type Hook<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>
 /// The switch state of one pool's server.
 #[derive(Debug)]
 pub(crate) struct Failover {
-    /// `postgres://user@host:port/db`: no password, for logs and the metric.
-    server: String,
+    /// `postgres://user@host:port/db` of the current host: no password, for logs.
+    server: Mutex<String>,
+    /// The pool's hosts as single-host URLs, in the configured order (one for a plain
+    /// URL). May hold a password: never logged.
+    pub(crate) hosts: Vec<String>,
+    /// The one new connections go to.
+    pub(crate) current: AtomicUsize,
+    /// A search for a writable host is running (one at a time).
+    pub(crate) searching: AtomicBool,
+    /// sqlx logs statements (`OUTBOX_SQLX_LOG`), also for the hosts switched to.
+    pub(crate) log_statements: bool,
     /// When a statement last met a read-only answer: connections opened before are stale.
     switched_at: Mutex<Option<Instant>>,
     /// Since the last switch, no writable connection has been opened yet (logs once).
@@ -53,44 +64,73 @@ pub(crate) struct Failover {
     failovers: metrics::Counter,
 }
 
-/// The pools' failover states by server, for the stores that get the pool.
-static SERVERS: LazyLock<Mutex<HashMap<String, Weak<Failover>>>> = LazyLock::new(Default::default);
+/// The pools' failover states by pool (the address of its options, which live as long as
+/// the pool), for the stores that get the pool.
+static POOLS: LazyLock<Mutex<HashMap<usize, Weak<Failover>>>> = LazyLock::new(Default::default);
+
+/// The key of `pool` in [`POOLS`].
+fn pool_key<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> usize {
+    std::ptr::from_ref(pool.options()) as usize
+}
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Failover {
-    /// The state of `server`'s pools: the one already there, or a new one.
-    pub(crate) fn for_server(server: String) -> Arc<Self> {
-        let mut servers = lock(&SERVERS);
-        servers.retain(|_, state| state.strong_count() > 0);
-        if let Some(state) = servers.get(&server).and_then(Weak::upgrade) {
-            return state;
-        }
-        let state = Arc::new(Self {
+    /// The state of a pool on `hosts` (single-host URLs), starting on `hosts[current]`,
+    /// described as `server`; [`Failover::register`] it once the pool is open.
+    pub(crate) fn new(
+        server: String,
+        hosts: Vec<String>,
+        current: usize,
+        log_statements: bool,
+    ) -> Arc<Self> {
+        Arc::new(Self {
             failovers: metrics::counter!(FAILOVERS, "server" => server.clone()),
-            server: server.clone(),
+            server: Mutex::new(server),
+            hosts,
+            current: AtomicUsize::new(current),
+            searching: AtomicBool::new(false),
+            log_statements,
             switched_at: Mutex::new(None),
             read_only: AtomicBool::new(false),
             refused: Mutex::new(None),
-        });
-        servers.insert(server, Arc::downgrade(&state));
-        state
+        })
     }
 
-    /// The state of `db`'s server; `None` for SQLite, or a pool not opened by this crate.
+    /// Makes this the state [`Failover::of`] finds for `pool`.
+    pub(crate) fn register<DB: sqlx::Database>(self: &Arc<Self>, pool: &sqlx::Pool<DB>) {
+        let mut pools = lock(&POOLS);
+        pools.retain(|_, state| state.strong_count() > 0);
+        pools.insert(pool_key(pool), Arc::downgrade(self));
+    }
+
+    /// The state of `db`'s pool; `None` for SQLite, or a pool not opened by this crate.
     pub(crate) fn of(db: &DatabaseConnection) -> Option<Arc<Self>> {
-        let server = match db {
+        let key = match db {
             DatabaseConnection::SqlxPostgresPoolConnection(_) => {
-                Postgres::describe(&db.get_postgres_connection_pool().connect_options())
+                pool_key(db.get_postgres_connection_pool())
             }
             DatabaseConnection::SqlxMySqlPoolConnection(_) => {
-                MySql::describe(&db.get_mysql_connection_pool().connect_options())
+                pool_key(db.get_mysql_connection_pool())
             }
             _ => return None,
         };
-        lock(&SERVERS).get(&server).and_then(Weak::upgrade)
+        lock(&POOLS).get(&key).and_then(Weak::upgrade)
+    }
+
+    /// The current host, without its password.
+    pub(crate) fn server(&self) -> String {
+        lock(&self.server).clone()
+    }
+
+    /// New connections go to host `index`, described as `server`, from now on; those
+    /// opened so far are retired.
+    pub(crate) fn moved_to(&self, index: usize, server: String) {
+        self.current.store(index, Ordering::Relaxed);
+        *lock(&self.server) = server;
+        *lock(&self.switched_at) = Some(Instant::now());
     }
 
     /// A connection `age` old was opened before the last switch: close it, do not use it.
@@ -102,7 +142,7 @@ impl Failover {
     pub(crate) fn writable(&self) {
         *lock(&self.refused) = None;
         if self.read_only.swap(false, Ordering::Relaxed) {
-            info!(server = %self.server, "connected to a writable database server again");
+            info!(server = %self.server(), "connected to a writable database server again");
         }
     }
 
@@ -136,7 +176,7 @@ impl Failover {
         if !self.read_only.swap(true, Ordering::Relaxed) {
             self.failovers.increment(1);
             warn!(
-                server = %self.server,
+                server = %self.server(),
                 %answer,
                 "the database server takes no writes (a standby or read-only replica: a \
                  failover?); closing the pool's connections to it and connecting again until \
@@ -324,9 +364,13 @@ impl Server for MySql {
 mod tests {
     use super::*;
 
+    fn state() -> Arc<Failover> {
+        Failover::new("postgres://relay@db:5432/app".into(), Vec::new(), 0, false)
+    }
+
     #[test]
     fn connections_opened_before_a_switch_are_stale() {
-        let failover = Failover::for_server("postgres://relay@test-stale:5432/app".into());
+        let failover = state();
         assert!(!failover.stale(Duration::from_secs(3600)), "no switch yet");
         *lock(&failover.switched_at) = Some(Instant::now() - Duration::from_secs(2));
         assert!(failover.stale(Duration::from_secs(3)), "opened before");
@@ -334,12 +378,12 @@ mod tests {
     }
 
     #[test]
-    fn one_state_per_server() {
-        let a = Failover::for_server("mysql://root@test-same:3306/app".into());
-        let b = Failover::for_server("mysql://root@test-same:3306/app".into());
-        assert!(Arc::ptr_eq(&a, &b));
-        let c = Failover::for_server("mysql://root@test-other:3306/app".into());
-        assert!(!Arc::ptr_eq(&a, &c));
+    fn a_move_retires_every_connection_and_names_the_new_host() {
+        let failover = state();
+        failover.moved_to(1, "postgres://relay@db-2:5432/app".into());
+        assert_eq!(failover.current.load(Ordering::Relaxed), 1);
+        assert_eq!(failover.server(), "postgres://relay@db-2:5432/app");
+        assert!(failover.stale(Duration::from_millis(100)));
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! - [`error`]: [`Error`], what the public functions return.
 //! - [`failover`]: never working on a server that takes no writes (a standby after a
 //!   failover): new connections checked, older ones dropped after a read-only answer.
+//! - [`hosts`]: several hosts in one URL (libpq's form): the first writable one.
 //! - `pool.rs`: the connection pool (sea-orm's settings; connections shrink the buffers a
 //!   large row grew when they return to the pool).
 //! - [`migration`]: creating and upgrading the table and its indexes.
@@ -38,6 +39,7 @@ pub mod connection_url;
 mod dialect;
 pub mod error;
 pub mod failover;
+pub mod hosts;
 mod mark;
 pub mod migration;
 mod planner;

@@ -14,16 +14,20 @@
 //! acquire instead of being used.
 
 use crate::failover::{Failover, Server};
-use sea_orm::sqlx::{self, ConnectOptions as _, Connection as _};
+use sea_orm::sqlx::{self, Connection as _};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr, RuntimeErr};
 
-/// A pool opened with `options` (its URL already the one sqlx is given).
-pub(crate) async fn open(options: ConnectOptions) -> Result<DatabaseConnection, DbErr> {
+/// A pool opened with `options` on `hosts` (the URLs sqlx is given, one per host: see
+/// [`crate::hosts`]; `options`' URL is the first).
+pub(crate) async fn open(
+    options: ConnectOptions,
+    hosts: Vec<String>,
+) -> Result<DatabaseConnection, DbErr> {
     let url = options.get_url();
     if url.starts_with("postgres") {
-        Ok(shrinking::<sqlx::Postgres>(options).await?.into())
+        Ok(shrinking::<sqlx::Postgres>(options, hosts).await?.into())
     } else if url.starts_with("mysql") {
-        Ok(shrinking::<sqlx::MySql>(options).await?.into())
+        Ok(shrinking::<sqlx::MySql>(options, hosts).await?.into())
     } else {
         Database::connect(options).await
     }
@@ -32,14 +36,22 @@ pub(crate) async fn open(options: ConnectOptions) -> Result<DatabaseConnection, 
 /// A pool with sea-orm's settings from `options` whose connections shrink their buffers
 /// on every release and that follow a failover; statements logged by sqlx (at `debug`)
 /// only when `options` says so, as sea-orm does.
-async fn shrinking<DB: Server>(options: ConnectOptions) -> Result<sqlx::Pool<DB>, DbErr> {
-    let connect: <DB::Connection as sqlx::Connection>::Options =
-        options.get_url().parse().map_err(refused)?;
-    let connect = match options.get_sqlx_logging() {
-        true => connect,
-        false => connect.disable_statement_logging(),
+async fn shrinking<DB: Server>(
+    options: ConnectOptions,
+    hosts: Vec<String>,
+) -> Result<sqlx::Pool<DB>, DbErr> {
+    let log_statements = options.get_sqlx_logging();
+    let (current, connect) = match hosts.len() {
+        // Several hosts: start on the first that takes writes.
+        2.. => crate::hosts::first_writable::<DB>(&hosts, log_statements)
+            .await
+            .map_err(refused)?,
+        _ => (
+            0,
+            crate::hosts::options::<DB>(options.get_url(), log_statements).map_err(refused)?,
+        ),
     };
-    let failover = Failover::for_server(DB::describe(&connect));
+    let failover = Failover::new(DB::describe(&connect), hosts, current, log_statements);
     let (checked, fresh) = (failover.clone(), failover.clone());
     let pool = options
         .sqlx_pool_options::<DB>()
@@ -78,7 +90,11 @@ async fn shrinking<DB: Server>(options: ConnectOptions) -> Result<sqlx::Pool<DB>
             Some(refusal) => Err(refused(sqlx::Error::Database(Box::new(refusal)))),
             None => Err(refused(sqlx::Error::PoolTimedOut)),
         },
-        pool => pool.map_err(refused),
+        Ok(pool) => {
+            failover.register(&pool);
+            Ok(pool)
+        }
+        Err(error) => Err(refused(error)),
     }
 }
 

@@ -64,7 +64,8 @@ pub async fn connect_with(url: &str, pool: &PoolSettings) -> Result<DatabaseConn
     if url::Url::parse(url).is_err() {
         return Err(Error::InvalidUrl);
     }
-    let mut options = ConnectOptions::new(crate::connection_url(url));
+    let hosts = crate::hosts::split(&crate::connection_url(url));
+    let mut options = ConnectOptions::new(hosts[0].clone());
     options
         .max_connections(max_connections)
         .min_connections(1)
@@ -82,7 +83,7 @@ pub async fn connect_with(url: &str, pool: &PoolSettings) -> Result<DatabaseConn
     if let Some(idle) = pool.idle_timeout {
         options.idle_timeout(idle);
     }
-    let db = crate::pool::open(options).await?;
+    let db = crate::pool::open(options, hosts).await?;
     if let Some(setup) = Dialect::of(&db).database_setup() {
         db.execute_unprepared(setup).await?;
     }
@@ -242,7 +243,11 @@ impl SeaOrmStore {
     /// answer retires the connections opened so far, so the retry gets a fresh one.
     fn failed(&self, error: DbErr) -> StoreError {
         if let Some(failover) = &self.failover {
-            failover.notice(&error);
+            let read_only = failover.notice(&error);
+            let unusable = crate::hosts::server_unusable(&error);
+            if read_only || unusable {
+                failover.follow(&self.db);
+            }
         }
         database(error)
     }
