@@ -343,17 +343,21 @@ impl Server for MySql {
         Box::pin(async move {
             // As text: an integer on MySQL and MariaDB 10, an enum (OFF, ON, NO_LOCK, …) on
             // MariaDB 11. `super_read_only` sets `read_only` too; a user with SUPER could
-            // still write there, but a replica is no place for the relay's writes.
-            let read_only: String = sqlx::query_scalar("SELECT CAST(@@global.read_only AS CHAR)")
-                .fetch_one(connection)
-                .await?;
-            if matches!(read_only.to_ascii_uppercase().as_str(), "0" | "OFF") {
-                return Ok(None);
-            }
+            // still write there, but a replica is no place for the relay's writes. An
+            // Aurora MySQL reader says so by `innodb_read_only` instead.
+            let (read_only, innodb): (String, String) = sqlx::query_as(
+                "SELECT CAST(@@global.read_only AS CHAR), CAST(@@global.innodb_read_only AS CHAR)",
+            )
+            .fetch_one(connection)
+            .await?;
+            let set = |value: &str| !matches!(value.to_ascii_uppercase().as_str(), "0" | "OFF");
+            let variable = match (set(&read_only), set(&innodb)) {
+                (true, _) => format!("read_only = {read_only}"),
+                (false, true) => format!("innodb_read_only = {innodb}"),
+                (false, false) => return Ok(None),
+            };
             Ok(Some(ReadOnlyServer {
-                message: format!(
-                    "the server is read-only (read_only = {read_only}): it takes no writes"
-                ),
+                message: format!("the server is read-only ({variable}): it takes no writes"),
                 code: "1290",
             }))
         })
