@@ -3,8 +3,9 @@
 
 mod outboxes;
 mod secrets;
+mod shape;
 
-use super::{Config, MaxPendingAge, Settings};
+use super::{Config, MaxPendingAge};
 use figment::Jail;
 use outbox_core::Ordering;
 use std::path::Path;
