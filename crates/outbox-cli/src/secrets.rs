@@ -478,7 +478,10 @@ mod tests {
             secrets.scrub(line),
             "outbox-relay cannot run with these settings: amqp://relay:***@mq/%2f"
         );
-        assert_eq!(secrets.scrub("password=e pwd: \"e\""), "password=*** pwd: \"***\"");
+        assert_eq!(
+            secrets.scrub("password=e pwd: \"e\""),
+            "password=*** pwd: \"***\""
+        );
     }
 
     #[test]

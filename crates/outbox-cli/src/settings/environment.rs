@@ -264,10 +264,15 @@ mod tests {
             Some("mysql://a@db/x")
         );
         assert_eq!(
-            entries[1].find_ref("database_password").and_then(Value::as_str),
+            entries[1]
+                .find_ref("database_password")
+                .and_then(Value::as_str),
             Some("0123")
         );
-        assert_eq!(entries[1].find_ref("table").and_then(Value::as_str), Some("o"));
+        assert_eq!(
+            entries[1].find_ref("table").and_then(Value::as_str),
+            Some("o")
+        );
         assert_eq!(
             origins.variable("outboxes.1.database_password"),
             Some("OUTBOX_RELAY__OUTBOXES__ORDERS__DATABASE_PASSWORD")

@@ -95,9 +95,7 @@ fn read_file(path: &Path, required: bool) -> Result<Option<String>, ConfigError>
     let problem = |why: String| ConfigError::Load(format!("config file {} {why}", path.display()));
     let metadata = match std::fs::metadata(path) {
         Ok(metadata) => metadata,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !required => {
-            return Ok(None)
-        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !required => return Ok(None),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             return Err(problem("does not exist".into()))
         }
@@ -109,8 +107,7 @@ fn read_file(path: &Path, required: bool) -> Result<Option<String>, ConfigError>
             toml_files_in(path)
         )));
     }
-    let bytes =
-        std::fs::read(path).map_err(|error| problem(format!("cannot be read: {error}")))?;
+    let bytes = std::fs::read(path).map_err(|error| problem(format!("cannot be read: {error}")))?;
     let text = String::from_utf8(bytes).map_err(|error| {
         problem(format!(
             "is not UTF-8 text (byte {})",
@@ -183,7 +180,13 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     }
     let before = &text[..end];
     let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().unwrap_or_default().chars().count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .count()
+        + 1;
     (line, column)
 }
 

@@ -26,8 +26,8 @@ mod wording;
 mod tests;
 
 pub use config::{Config, DatabaseConfig, LogConfig, LogFormat, MaxPendingAge, OutboxConfig};
-pub use field::{Field, Span};
 pub use environment::ENV_PREFIX;
+pub use field::{Field, Span};
 pub use load::Rejected;
 pub use shape::{
     AmqpSection, ColumnsSettings, DatabaseSettings, LogSettings, MetricsSettings,

@@ -413,7 +413,8 @@ const LEVELS: &str = "trace, debug, info, warn, error or off";
 /// each directive is a level or `target=level`.
 pub(super) fn log_level(level: &str) -> Result<(), String> {
     let accepted = format!(
-        "a level ({LEVELS}), or comma-separated directives such as \"info\" or          \"warn,outbox_relay=debug\""
+        "a level ({LEVELS}), or comma-separated directives such as \"info\" or \
+         \"warn,outbox_relay=debug\""
     );
     if level.trim().is_empty() {
         return Err(accepted);
@@ -486,23 +487,29 @@ impl TelemetrySettings {
 /// The values of the OTLP exporter's headers (`OTEL_EXPORTER_OTLP_HEADERS`,
 /// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`: `key=value,…`), to scrub: they carry credentials.
 fn otlp_header_values() -> Vec<String> {
-    ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"]
-        .iter()
-        .filter_map(|name| std::env::var(name).ok())
-        .flat_map(|headers| {
-            headers
-                .split(',')
-                .filter_map(|pair| pair.split_once('=').map(|(_, value)| value.trim().to_owned()))
-                .filter(|value| !value.is_empty())
-                .collect::<Vec<_>>()
-        })
-        .flat_map(|value| {
-            let decoded = percent_encoding::percent_decode_str(&value)
-                .decode_utf8_lossy()
-                .into_owned();
-            [value, decoded]
-        })
-        .collect()
+    [
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    ]
+    .iter()
+    .filter_map(|name| std::env::var(name).ok())
+    .flat_map(|headers| {
+        headers
+            .split(',')
+            .filter_map(|pair| {
+                pair.split_once('=')
+                    .map(|(_, value)| value.trim().to_owned())
+            })
+            .filter(|value| !value.is_empty())
+            .collect::<Vec<_>>()
+    })
+    .flat_map(|value| {
+        let decoded = percent_encoding::percent_decode_str(&value)
+            .decode_utf8_lossy()
+            .into_owned();
+        [value, decoded]
+    })
+    .collect()
 }
 
 /// `hostname-pid`: unique per running process, readable in `status`.

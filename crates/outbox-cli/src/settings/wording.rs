@@ -103,8 +103,7 @@ fn accepted(expected: &str, path: &[String]) -> String {
         "boolean" | "bool" => "true or false".into(),
         "string" => {
             if secret(path) {
-                "text in quotes, such as \"…\" (a bare number or word is not text in TOML)"
-                    .into()
+                "text in quotes, such as \"…\" (a bare number or word is not text in TOML)".into()
             } else {
                 "text in quotes".into()
             }

@@ -618,7 +618,9 @@ fn a_listen_url_takes_the_database_password_and_never_shows_it() {
     let shown = format!("{:?} {:?}", config.database, config.effective.database);
     assert!(!shown.contains("s3cret"), "{shown}");
     assert_eq!(
-        config.secrets.scrub("x postgres://relay:s3cret@db-direct y"),
+        config
+            .secrets
+            .scrub("x postgres://relay:s3cret@db-direct y"),
         "x postgres://relay:***@db-direct y"
     );
 }

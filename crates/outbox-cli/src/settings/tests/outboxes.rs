@@ -252,10 +252,19 @@ fn the_database_password_stays_with_database_url_and_an_outbox_has_its_own() {
         config.outboxes[0].database_url, "postgres://relay:s3cret@db/app",
         "no URL of its own: database.url, with database.password"
     );
-    assert_eq!(config.outboxes[1].database_url, "mysql://app:0123@maria/other");
-    assert_eq!(config.outboxes[2].database_url, "postgres://relay:true@db2/x");
+    assert_eq!(
+        config.outboxes[1].database_url,
+        "mysql://app:0123@maria/other"
+    );
+    assert_eq!(
+        config.outboxes[2].database_url,
+        "postgres://relay:true@db2/x"
+    );
     let shown = format!("{config:?}{}", toml::to_string(&config.effective).unwrap());
-    assert!(!shown.contains("0123") && !shown.contains(":true@"), "{shown}");
+    assert!(
+        !shown.contains("0123") && !shown.contains(":true@"),
+        "{shown}"
+    );
 }
 
 #[test]
@@ -294,5 +303,8 @@ fn an_environment_variable_naming_no_outbox_is_rejected() {
         error.contains("environment variable OUTBOX_RELAY__OUTBOXES__1__DATABASE_URL: names no [[outboxes]] entry (\"1\"); the entries are: 0 (a)"),
         "{error}"
     );
-    assert!(error.contains("OUTBOX_RELAY__OUTBOXES__ORDERS__TABLE"), "{error}");
+    assert!(
+        error.contains("OUTBOX_RELAY__OUTBOXES__ORDERS__TABLE"),
+        "{error}"
+    );
 }

@@ -17,7 +17,15 @@ fn load_path(path: &Path) -> Result<Config, String> {
 
 #[test]
 fn passwords_from_the_environment_are_taken_verbatim() {
-    for password in ["8675309", "0123", "true", "[s3cr3t,x]", "\"Sup3r\"", "1e3", "-7"] {
+    for password in [
+        "8675309",
+        "0123",
+        "true",
+        "[s3cr3t,x]",
+        "\"Sup3r\"",
+        "1e3",
+        "-7",
+    ] {
         let config = load(
             "[amqp]\nurl = \"amqp://relay@mq/%2f\"",
             &[("OUTBOX_RELAY__AMQP__PASSWORD", password)],
@@ -42,7 +50,10 @@ fn string_settings_from_the_environment_are_text_and_numbers_parse() {
             ("OUTBOX_RELAY__RELAY__NAME", "0123"),
             ("OUTBOX_RELAY__RELAY__BATCH_SIZE", "42"),
             ("OUTBOX_RELAY__DATABASE__NOTIFY", "false"),
-            ("OUTBOX_RELAY__AMQP__ROUTES", "[{event_type = \"a.*\", exchange = \"x\"}]"),
+            (
+                "OUTBOX_RELAY__AMQP__ROUTES",
+                "[{event_type = \"a.*\", exchange = \"x\"}]",
+            ),
         ],
     )
     .unwrap();
@@ -140,7 +151,10 @@ fn a_toml_syntax_error_names_the_place_not_the_line() {
             && error.contains("invalid TOML"),
         "{error}"
     );
-    assert!(!error.contains("TopSecret42") && !error.contains("guest"), "{error}");
+    assert!(
+        !error.contains("TopSecret42") && !error.contains("guest"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -156,7 +170,10 @@ fn a_directory_an_empty_file_and_an_unreadable_file_are_refused() {
         );
         jail.create_file("empty.toml", " \n")?;
         let error = load_path(Path::new("empty.toml")).unwrap_err();
-        assert!(error.starts_with("config file empty.toml is empty"), "{error}");
+        assert!(
+            error.starts_with("config file empty.toml is empty"),
+            "{error}"
+        );
         let error = load_path(Path::new("missing.toml")).unwrap_err();
         assert_eq!(error, "config file missing.toml does not exist");
         assert!(
@@ -169,7 +186,14 @@ fn a_directory_an_empty_file_and_an_unreadable_file_are_refused() {
 
 #[test]
 fn a_log_level_that_would_turn_logging_off_is_refused() {
-    for level in ["warning", "debugg", "outbox_relay", "info,", "outbox_relay=loud", ""] {
+    for level in [
+        "warning",
+        "debugg",
+        "outbox_relay",
+        "info,",
+        "outbox_relay=loud",
+        "",
+    ] {
         let error = load(&format!("[log]\nlevel = {level:?}"), &[]).unwrap_err();
         assert!(
             error.contains(&format!("log.level = {level:?} is invalid"))
@@ -177,7 +201,13 @@ fn a_log_level_that_would_turn_logging_off_is_refused() {
             "{level}: {error}"
         );
     }
-    for level in ["warn", "INFO", "off", "warn,outbox_relay=debug", "lapin=error,info"] {
+    for level in [
+        "warn",
+        "INFO",
+        "off",
+        "warn,outbox_relay=debug",
+        "lapin=error,info",
+    ] {
         load(&format!("[log]\nlevel = {level:?}"), &[]).unwrap_or_else(|e| panic!("{e}"));
     }
 }
@@ -187,14 +217,18 @@ fn a_lease_close_to_the_publish_timeout_warns() {
     let config = load("[relay]\nlease = \"5s\"\npublish_timeout = \"3s\"", &[]).unwrap();
     let warnings = config.warnings.join("\n");
     assert!(
-        warnings.contains("relay.lease = \"5s\" is not comfortably above relay.publish_timeout = \"3s\"")
-            && warnings.contains("(9s)"),
+        warnings.contains(
+            "relay.lease = \"5s\" is not comfortably above relay.publish_timeout = \"3s\""
+        ) && warnings.contains("(9s)"),
         "{warnings}"
     );
     let config = load("[relay]\nlease = \"9s\"\nshutdown_timeout = \"1s\"", &[]).unwrap();
     let warnings = config.warnings.join("\n");
     assert!(!warnings.contains("relay.lease"), "{warnings}");
-    assert!(warnings.contains("relay.shutdown_timeout = \"1s\""), "{warnings}");
+    assert!(
+        warnings.contains("relay.shutdown_timeout = \"1s\""),
+        "{warnings}"
+    );
 }
 
 #[test]
