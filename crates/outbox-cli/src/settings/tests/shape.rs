@@ -158,7 +158,9 @@ fn a_toml_syntax_error_names_the_place_not_the_line() {
 }
 
 #[test]
-fn a_directory_an_empty_file_and_an_unreadable_file_are_refused() {
+// figment's Jail closures return its (large) error type.
+#[allow(clippy::result_large_err)]
+fn a_directory_an_empty_file_and_a_missing_file_are_refused() {
     Jail::expect_with(|jail| {
         std::fs::create_dir("conf").expect("a directory");
         jail.create_file("conf/outbox-relay.toml", "[relay]\n")?;
