@@ -7,6 +7,8 @@
 //! (`amqp.routes`, an entry's `routes`) read their text as a list (`[{event_type = …}]`);
 //! `amqp.url` splits its text at commas itself.
 //!
+//! `amqp.url` also takes a list (`["amqp://mq-1/%2f", "amqp://mq-2/%2f"]`).
+//!
 //! `[[outboxes]]` entries are named by their position in the file, 0-based as the error
 //! messages name them (`OUTBOX_RELAY__OUTBOXES__0__DATABASE_PASSWORD`), or by their name
 //! (`OUTBOX_RELAY__OUTBOXES__ORDERS__DATABASE_PASSWORD`, any case).
@@ -185,11 +187,16 @@ fn set(dict: &mut Dict, path: &[String], value: &str) {
         };
         dict = inner;
     }
-    let value = match last.as_str() {
+    let listed = match last.as_str() {
         // A list of tables cannot be spelled as comma-separated text; read it as a list.
-        "routes" => list(value).unwrap_or_else(|| Value::from(value.to_owned())),
-        _ => Value::from(value.to_owned()),
+        "routes" => list(value),
+        // No URL starts with `[`: a list of broker URLs (comma-separated text is one too).
+        "url" if path.len() == 2 && path[0] == "amqp" && value.trim_start().starts_with('[') => {
+            list(value)
+        }
+        _ => None,
     };
+    let value = listed.unwrap_or_else(|| Value::from(value.to_owned()));
     dict.insert(last.clone(), value);
 }
 
@@ -316,6 +323,18 @@ mod tests {
         );
         assert!(matches!(
             settings["amqp"].find_ref("routes"),
+            Some(Value::Array(..))
+        ));
+        apply(
+            &mut settings,
+            &[variable(
+                "OUTBOX_RELAY__AMQP__URL",
+                "[\"amqp://mq-1/%2f\", \"amqp://mq-2/%2f\"]",
+            )],
+            &mut Vec::new(),
+        );
+        assert!(matches!(
+            settings["amqp"].find_ref("url"),
             Some(Value::Array(..))
         ));
     }

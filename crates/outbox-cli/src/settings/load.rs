@@ -58,6 +58,8 @@ impl Config {
             log_format: None,
         })?;
         let log_format = settings.log.format.parsed().ok().copied();
+        // Read here, not in `validate`: the process's environment, like the variables.
+        errors.extend(super::validate::rust_log());
         match settings.validate() {
             Ok(config) if errors.is_empty() => Ok(config),
             Ok(_) => Err(Rejected { errors, log_format }),
@@ -264,9 +266,11 @@ fn from_environment(error: ConfigError, origins: &Origins) -> ConfigError {
             let index = outbox
                 .strip_prefix("outboxes[")
                 .and_then(|rest| rest.split(']').next());
-            let key = problem.split(':').next().unwrap_or_default();
+            let key: String = (problem.chars())
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
+                .collect();
             match index {
-                Some(index) if !key.contains(' ') => format!("outboxes.{index}.{key}"),
+                Some(index) if !key.is_empty() => format!("outboxes.{index}.{key}"),
                 _ => return error,
             }
         }

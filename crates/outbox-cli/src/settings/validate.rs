@@ -404,6 +404,20 @@ impl LogSettings {
     }
 }
 
+/// `RUST_LOG`, which wins over `log.level`, held to the same rule; `None` when unset.
+pub(super) fn rust_log() -> Option<ConfigError> {
+    let filter = std::env::var("RUST_LOG").ok()?;
+    if filter.trim().is_empty() {
+        return None;
+    }
+    let why = log_level(&filter).err()?;
+    Some(ConfigError::Invalid {
+        key: "RUST_LOG".into(),
+        value: filter,
+        accepted: format!("{why} (RUST_LOG replaces log.level when set)"),
+    })
+}
+
 /// The levels a `log.level` directive may name.
 const LEVELS: &str = "trace, debug, info, warn, error or off";
 

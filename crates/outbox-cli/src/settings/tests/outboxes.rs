@@ -290,6 +290,20 @@ fn an_outbox_password_needs_a_url_of_its_own_naming_a_user() {
 }
 
 #[test]
+fn a_bad_value_of_an_entry_from_the_environment_names_the_variable() {
+    let error = load(
+        "[[outboxes]]\ntable = \"a\"",
+        &[("OUTBOX_RELAY__OUTBOXES__A__ORDERING", "global")],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("outboxes[0] (a): ordering: \"global\" is invalid")
+            && error.ends_with("(from environment variable OUTBOX_RELAY__OUTBOXES__A__ORDERING)"),
+        "{error}"
+    );
+}
+
+#[test]
 fn an_environment_variable_naming_no_outbox_is_rejected() {
     let error = load(
         "[[outboxes]]\ntable = \"a\"",

@@ -215,6 +215,16 @@ fn a_log_level_that_would_turn_logging_off_is_refused() {
 }
 
 #[test]
+fn rust_log_is_held_to_the_same_rule() {
+    let error = load("", &[("RUST_LOG", "warning")]).unwrap_err();
+    assert!(
+        error.starts_with("RUST_LOG = \"warning\" is invalid: a level (trace, debug"),
+        "{error}"
+    );
+    load("", &[("RUST_LOG", "debug,lapin=warn")]).unwrap();
+}
+
+#[test]
 fn a_lease_close_to_the_publish_timeout_warns() {
     let config = load("[relay]\nlease = \"5s\"\npublish_timeout = \"3s\"", &[]).unwrap();
     let warnings = config.warnings.join("\n");
