@@ -56,7 +56,11 @@ pub(super) fn variables() -> Result<Vec<Variable>, Vec<ConfigError>> {
     let mut errors = Vec::new();
     for (name, value) in std::env::vars_os() {
         let Some(name) = name.to_str() else { continue };
-        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+        // Any case, as before: `outbox_relay__amqp__url` is read too.
+        let Some(rest) = (name.get(..ENV_PREFIX.len()))
+            .filter(|prefix| prefix.eq_ignore_ascii_case(ENV_PREFIX))
+            .map(|_| &name[ENV_PREFIX.len()..])
+        else {
             continue;
         };
         let path = rest.split("__").map(str::to_ascii_lowercase).collect();
