@@ -165,7 +165,7 @@ impl OutboxSettings {
         if self.database_url.trim().is_empty() {
             if own_password {
                 problems.push(
-                    "database_password: set, but database_url is blank: this outbox uses \
+                    "database_password is set, but database_url is blank: this outbox uses \
                      database.url, whose password is database.password (or \
                      database.password_file); give the entry its own database_url, or leave \
                      database_password and database_password_file empty"

@@ -276,7 +276,7 @@ fn an_outbox_password_needs_a_url_of_its_own_naming_a_user() {
     )
     .unwrap_err();
     assert!(
-        error.contains("outboxes[0] (a): database_password: set, but database_url is blank"),
+        error.contains("outboxes[0] (a): database_password is set, but database_url is blank"),
         "{error}"
     );
     assert!(
