@@ -82,3 +82,56 @@ async fn with_two_brokers_the_relay_starts_on_the_one_that_answers_and_fails_ove
     second.restore();
     app.teardown().await;
 }
+
+#[actix_rt::test]
+async fn a_node_refusing_the_login_is_named_in_a_warning_and_the_relay_uses_the_other() {
+    const WRONG: &str = "Wrong-node-pw-4e1f";
+    let good = FaultProxy::start(local(5672)).await;
+    let events = room_events("refusing", 200, 10);
+    let (before, after) = events.split_at(100);
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            // Entry 0 refuses the login; entry 1 (through the proxy) takes it.
+            settings.amqp.url = format!(
+                "amqp://guest:{WRONG}@127.0.0.1:5672/%2f, amqp://guest:guest@{}/%2f",
+                good.addr
+            );
+            settings.relay.publish_timeout = "2s".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(before)
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    // A lost connection: the next round begins after the node connected to, at entry 0.
+    good.cut();
+    seed(&app.database, after).await;
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    let warned = relay.log_lines("broker not usable; trying the next of amqp.url");
+    assert!(!warned.is_empty(), "warned: {}", relay.log_text());
+    for line in &warned {
+        assert_eq!(line["level"], "WARN", "{line}");
+        let error = line["error"].as_str().unwrap_or_default();
+        assert!(
+            // (`guest`, the other entry's password, is masked wherever it occurs.)
+            error.contains("amqp.url[0] (amqp://")
+                && error.contains(":***@127.0.0.1:5672/%2f)")
+                && error.contains("ACCESS_REFUSED"),
+            "names the entry and the reason: {line}"
+        );
+    }
+    let log = relay.log_text();
+    assert!(!log.contains(WRONG), "password printed: {log}");
+    assert!(
+        !log.contains("Exponential backoff attempts exhausted"),
+        "lapin's lines: {log}"
+    );
+    relay.stop(Duration::from_secs(5)).await;
+    app.expect_every_event("one refusing node", &events).await;
+    app.teardown().await;
+}

@@ -189,9 +189,9 @@ pub async fn migrate_table(store: &SeaOrmStore) -> anyhow::Result<Vec<&'static s
         return Err(error.context(format!("cannot migrate table {table}")));
     }
     Err(ConfigProblem(format!(
-        "cannot migrate table {table}: {text}; migrating needs the table's owner (and, for a \
-         new table, CREATE on its schema or database): run `outbox-relay migrate` as the \
-         owner, and set database.migrate_on_start = false for a role that only relays \
+        "cannot migrate table {table}: {text}; migrating needs a role that may create and \
+         alter the table (on PostgreSQL its owner): run `outbox-relay migrate` as that role, \
+         and set database.migrate_on_start = false for a role that only relays \
          (docs/operations.md#database-privileges)"
     ))
     .into())
