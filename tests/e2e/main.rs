@@ -12,7 +12,8 @@ mod check_config;
 mod churn;
 /// `--help` and `--version`.
 mod cli;
-/// `amqp.url` as a list of brokers: starting on the one that answers, failing over.
+/// `amqp.url` as a list of brokers: starting on the one that answers, failing over; a
+/// node refusing the login named at each attempt.
 mod cluster;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
 /// migrated in place, `plan` as a dry run, `check_columns`' errors.

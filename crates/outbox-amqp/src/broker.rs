@@ -452,7 +452,11 @@ impl Link {
             }
             Err(error) => {
                 state.next_attempt = Instant::now() + state.backoff.next_delay();
-                if state.usable {
+                if refuses(&error) {
+                    // Not an outage that ends by itself: said at every attempt.
+                    state.usable = false;
+                    warn!(%error, "broker refuses the connection (credentials or vhost); trying again with backoff");
+                } else if state.usable {
                     state.usable = false;
                     warn!(%error, "broker unreachable; reconnecting with backoff");
                 }
@@ -511,6 +515,19 @@ impl Link {
             .await
             .map_err(AmqpError::Channel)?;
         Ok(channel)
+    }
+}
+
+/// Whether the broker answered and refused the connection: the login (`ACCESS_REFUSED`),
+/// the vhost (`NOT_ALLOWED`), or the authentication mechanism.
+fn refuses(error: &AmqpError) -> bool {
+    let AmqpError::Connect { cause, .. } = error else {
+        return false;
+    };
+    match cause.kind() {
+        lapin::ErrorKind::ProtocolError(error) => matches!(error.get_id(), 403 | 530),
+        lapin::ErrorKind::AuthProviderError(_) => true,
+        _ => false,
     }
 }
 
