@@ -115,7 +115,7 @@ pub fn describe(error: &DbErr) -> String {
 fn io_reason(error: &std::io::Error) -> String {
     use std::io::ErrorKind::*;
     let what = match error.kind() {
-        ConnectionRefused => "connection refused (nothing listens at that address and port)",
+        ConnectionRefused => "connection refused: nothing listens at that address and port",
         ConnectionReset | ConnectionAborted => "connection reset by the server",
         UnexpectedEof => "the server closed the connection",
         TimedOut => "timed out",
@@ -129,5 +129,35 @@ fn io_reason(error: &std::io::Error) -> String {
     match error.raw_os_error() {
         Some(code) => format!("{what} (os error {code})"),
         None => format!("{what}: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sea_orm::sqlx;
+    use sea_orm::RuntimeErr;
+
+    fn connect(error: sqlx::Error) -> DbErr {
+        DbErr::Conn(RuntimeErr::SqlxError(error))
+    }
+
+    #[test]
+    fn a_failed_connection_says_what_happened_once() {
+        let refused = connect(sqlx::Error::Io(std::io::Error::from_raw_os_error(111)));
+        assert_eq!(
+            describe(&refused),
+            "connection refused: nothing listens at that address and port (os error 111)"
+        );
+        let dns = std::io::Error::other(
+            "failed to lookup address information: Name or service not known",
+        );
+        let said = describe(&connect(sqlx::Error::Io(dns)));
+        assert!(
+            said.starts_with("the host name does not resolve (DNS)"),
+            "{said}"
+        );
+        let said = describe(&connect(sqlx::Error::PoolTimedOut));
+        assert!(!said.contains("pool"), "{said}");
     }
 }
