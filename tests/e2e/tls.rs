@@ -66,7 +66,7 @@ async fn amqps_with_a_wrong_ca_fails_fast_with_a_certificate_error() {
     assert_eq!(status.code(), Some(2), "{log}");
     // guest's password is "guest": scrubbing it hides the user name too.
     assert!(
-        log.contains("cannot connect to RabbitMQ at amqps://***:***@localhost:"),
+        log.contains("cannot connect to RabbitMQ at amqp.url (amqps://***:***@localhost:"),
         "names the broker, password redacted: {log}"
     );
     assert!(
