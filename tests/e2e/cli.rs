@@ -61,9 +61,25 @@ fn every_command_help_succeeds_and_explains_its_flags() {
         (&["dead"], &["list", "requeue"]),
         (
             &["dead", "list"],
-            &["--json", "--limit", "--room", "--event-type"],
+            &[
+                "--json",
+                "--limit",
+                "--room",
+                "--event-type",
+                "--older-than",
+            ],
         ),
-        (&["dead", "requeue"], &["--event-id", "--room", "--all"]),
+        (
+            &["dead", "requeue"],
+            &[
+                "--event-id",
+                "--event-type",
+                "--room",
+                "--older-than",
+                "--all",
+                "--dry-run",
+            ],
+        ),
         (
             &["purge"],
             &["--older-than", "--dead", "--dry-run", "--json"],

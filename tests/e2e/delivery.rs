@@ -1,6 +1,7 @@
 //! Every event arrives once, byte for byte, with the message properties of
 //! `docs/design.md#publishing`, in room order.
 
+use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use outbox_tests::{event, per_backend, room_events, seed, Backend, Received, TestApp};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -86,6 +87,60 @@ async fn delivers_10k_events_once_in_room_order(backend: Backend) {
 }
 
 per_backend!(delivers_10k_events_once_in_room_order: postgres, sqlite, mariadb);
+
+/// The `headers` column's JSON keeps its types in the AMQP headers; a value AMQP cannot
+/// carry makes its row dead at once, naming the header, and its room flows on.
+async fn headers_arrive_with_their_json_types(backend: Backend) {
+    let typed = r#"{"prio":5,"ok":true,"gone":null,"nested":{"a":1},"list":[1,"x"],
+                    "ratio":1.5,"tenant":"t1"}"#;
+    let mut events = vec![
+        event("typed", "h1"),
+        event("too-big", "h2"),
+        event("after", "h2"),
+    ];
+    events[0].headers = Some(typed.into());
+    events[1].headers = Some(r#"{"ok":true,"big":18446744073709551615}"#.into());
+    let mut app = TestApp::on(backend).seeded(&events).spawn().await;
+    let received = app.broker.wait_for(2, Duration::from_secs(30)).await;
+    app.stop().await;
+    let by_id: HashMap<&str, &Received> = received
+        .iter()
+        .map(|r| (r.message_id.as_str(), r))
+        .collect();
+    assert_eq!(by_id.len(), 2, "typed and after, once each: {received:?}");
+    let headers = &by_id["typed"].headers;
+    assert_eq!(headers.get("prio"), Some(&AMQPValue::LongLongInt(5)));
+    assert_eq!(headers.get("ok"), Some(&AMQPValue::Boolean(true)));
+    assert_eq!(headers.get("gone"), None, "null drops the header");
+    assert_eq!(headers.get("ratio"), Some(&AMQPValue::Double(1.5)));
+    assert_eq!(by_id["typed"].header("tenant").as_deref(), Some("t1"));
+    let mut nested = FieldTable::default();
+    nested.insert("a".into(), AMQPValue::LongLongInt(1));
+    assert_eq!(headers.get("nested"), Some(&AMQPValue::FieldTable(nested)));
+    let mut list = FieldArray::default();
+    list.push(AMQPValue::LongLongInt(1));
+    list.push(AMQPValue::LongString("x".into()));
+    assert_eq!(headers.get("list"), Some(&AMQPValue::FieldArray(list)));
+    assert_eq!(
+        by_id["typed"].int_header("outbox_id"),
+        Some(app.database.row("typed").await.id),
+        "the relay's own headers beside the row's"
+    );
+    assert_eq!(app.database.row("typed").await.status, "published");
+    assert_eq!(app.database.row("after").await.status, "published");
+    let dead = app.database.row("too-big").await;
+    assert_eq!(dead.status, "dead", "an integer AMQP cannot carry");
+    let error = dead.last_error.unwrap_or_default();
+    assert!(
+        error.starts_with(
+            "cannot be published: headers column: header \"big\" is 18446744073709551615"
+        ),
+        "{error}"
+    );
+    app.teardown().await;
+}
+
+per_backend!(headers_arrive_with_their_json_types: postgres, sqlite, mariadb);
 
 #[actix_rt::test]
 async fn postgres_wake_ups_deliver_without_waiting_for_the_poll() {

@@ -4,12 +4,16 @@
 /// `relay.max_inflight_bytes`: the claim's byte budget on every backend; large rows
 /// delivered in room order within the budget plus one row.
 mod bytes;
+/// `check-config` asks every database and broker what `run` would: refusals exit 2 naming
+/// the outbox or broker entry, unreachable addresses are warnings, `--offline` asks nothing.
+mod check_config;
 /// Three nodes, a steady producer and a schedule of kills, SIGTERMs and cuts of the
 /// broker and database links: nothing lost, room order kept, no node exits by itself.
 mod churn;
 /// `--help` and `--version`.
 mod cli;
-/// `amqp.url` as a list of brokers: starting on the one that answers, failing over.
+/// `amqp.url` as a list of brokers: starting on the one that answers, failing over; a
+/// node refusing the login named at each attempt.
 mod cluster;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
 /// migrated in place, `plan` as a dry run, `check_columns`' errors.
@@ -17,6 +21,9 @@ mod columns;
 /// `OUTBOX_RELAY_CONFIG`, plain logs off a terminal, `purge --dry-run` and `--json`, the
 /// Containerfile's OCI labels.
 mod conveniences;
+/// `dead list` and `dead requeue`: topic patterns, filters that combine, `--dry-run`,
+/// unknown event ids named, `--limit 0`, the header row.
+mod dead;
 /// Every event once, byte for byte, with the contract's properties, in room order.
 mod delivery;
 /// Unroutable events, hold-back per room, retries and dead events.
@@ -29,10 +36,15 @@ mod faults;
 mod metrics;
 /// Several relay processes on one table, a killed node, concurrent producers.
 mod multinode;
+/// PostgreSQL's notices about skipped `IF NOT EXISTS` statements stay out of the log.
+mod notices;
 /// Adopted tables and several outboxes through the binary: `migrate --dry-run`, `migrate`
 /// and `run` on a Debezium-shaped table and the original worker's; two outboxes in one
 /// process; bad mappings refused with exit code 2.
 mod outboxes;
+/// A least-privilege role on PostgreSQL and MariaDB relays; a missing privilege is named
+/// by `check-config` and `run` (exit code 2).
+mod privileges;
 /// `enqueue` in the caller's transaction, the README's plain INSERT, the trace context.
 mod producer;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.

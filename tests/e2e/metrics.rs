@@ -531,3 +531,28 @@ async fn max_pending_age_makes_readyz_unready_while_the_oldest_row_is_older() {
 async fn max_pending_age_readiness_off_shows_the_breach_but_stays_ready() {
     max_pending_age_follows_the_oldest_row(false).await;
 }
+
+/// A `metrics.listen` another process holds is a settings error (exit code 2, naming the
+/// address and the setting), not a runtime failure a supervisor would restart forever.
+#[actix_rt::test]
+async fn a_metrics_port_in_use_is_exit_code_2() {
+    let app = TestApp::on(Backend::Sqlite).build().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let address = taken.local_addr().expect("its address");
+    let mut settings = app.settings.clone();
+    settings.metrics.listen = address.to_string().into();
+    let mut relay = RelayProcess::spawn(crate::RELAY, &settings);
+    let status = relay.wait(Duration::from_secs(30)).await;
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    let error = log
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line:\n{log}"));
+    assert!(
+        error.contains(&format!("metrics.listen = \"{address}\"")) && error.contains("in use"),
+        "{error}"
+    );
+    drop(taken);
+    app.teardown().await;
+}

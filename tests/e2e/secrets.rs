@@ -203,7 +203,7 @@ async fn a_broker_connection_error_names_no_password_from_a_file() {
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
         log.contains(&format!(
-            "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:{port}"
+            "cannot connect to RabbitMQ at amqp.url (amqp://guest:***@127.0.0.1:{port}"
         )),
         "names the broker, password redacted: {log}"
     );

@@ -66,7 +66,7 @@ async fn amqps_with_a_wrong_ca_fails_fast_with_a_certificate_error() {
     assert_eq!(status.code(), Some(2), "{log}");
     // guest's password is "guest": masked where it stands, the user name kept.
     assert!(
-        log.contains("cannot connect to RabbitMQ at amqps://guest:***@localhost:"),
+        log.contains("cannot connect to RabbitMQ at amqp.url (amqps://guest:***@localhost:"),
         "names the broker, password redacted: {log}"
     );
     assert!(

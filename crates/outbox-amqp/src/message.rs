@@ -1,7 +1,7 @@
 //! How a record becomes an AMQP message: its properties and headers (docs/design.md#publishing).
 
 use crate::APP_ID;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use outbox_core::{OutboxRecord, PublishError};
 
@@ -31,19 +31,18 @@ pub fn check_body(length: usize, limit: usize) -> Result<(), PublishError> {
 }
 
 /// Properties and headers of `record`; header `key_header` carries its ordering key (the
-/// record's `room_id`, whichever column it was read from). A `headers` column that is not a JSON object of
-/// strings can never be published: it is a permanent failure.
+/// record's `room_id`, whichever column it was read from). The `headers` column's JSON
+/// object becomes typed AMQP headers ([`header_table`]); one AMQP cannot carry can never be
+/// published: it is a permanent failure.
 pub fn properties(
     record: &OutboxRecord,
     settings: &MessageSettings,
     key_header: &str,
 ) -> Result<BasicProperties, PublishError> {
-    let mut headers = FieldTable::default();
-    if let Some(extra) = record.headers.as_deref().filter(|h| !h.trim().is_empty()) {
-        for (key, value) in parse_headers(extra)? {
-            headers.insert(ShortString::from(key), long_string(value));
-        }
-    }
+    let mut headers = match record.headers.as_deref().filter(|h| !h.trim().is_empty()) {
+        Some(extra) => header_table(extra)?,
+        None => FieldTable::default(),
+    };
     // The relay's own headers win over a row's headers of the same name.
     headers.insert(key_header.into(), long_string(record.room_id.clone()));
     headers.insert("outbox_id".into(), AMQPValue::LongLongInt(record.id));
@@ -73,22 +72,108 @@ fn short(value: &str, column: &str) -> Result<ShortString, PublishError> {
     Ok(ShortString::from(value))
 }
 
-fn parse_headers(json: &str) -> Result<Vec<(String, String)>, PublishError> {
-    let invalid = |why: String| PublishError::Invalid(format!("headers column: {why}"));
+/// How deep objects and arrays may nest in a `headers` value (the top-level object is
+/// depth 1): far more than any producer's headers need, and a bound on what consumers must
+/// decode.
+pub const MAX_HEADER_DEPTH: usize = 16;
+
+/// The `headers` column (a JSON object) as AMQP headers, typed as JSON types them: a string
+/// is a long string, `true`/`false` a boolean, an integer a signed 64-bit integer
+/// (long-long-int), any other number a double, an object a field table and an array a
+/// field array, recursively; `null` drops its key (in an array it is AMQP's void).
+/// Refused, naming the header: a value not JSON, not an object, an integer above
+/// `i64::MAX`, a key over 255 bytes (an AMQP short string), nesting past
+/// [`MAX_HEADER_DEPTH`].
+pub fn header_table(json: &str) -> Result<FieldTable, PublishError> {
     let value: serde_json::Value =
         serde_json::from_str(json).map_err(|e| invalid(format!("not valid JSON ({e})")))?;
-    let serde_json::Value::Object(map) = value else {
+    if !value.is_object() {
         return Err(invalid("not a JSON object".into()));
+    }
+    match amqp_value(value, "", 1)? {
+        Some(AMQPValue::FieldTable(table)) => Ok(table),
+        _ => unreachable!("a JSON object becomes a field table"),
+    }
+}
+
+fn invalid(why: String) -> PublishError {
+    PublishError::Invalid(format!("headers column: {why}"))
+}
+
+/// `value` (at `path` in the headers, `depth` levels deep) as an AMQP field value; `None`
+/// for `null`.
+fn amqp_value(
+    value: serde_json::Value,
+    path: &str,
+    depth: usize,
+) -> Result<Option<AMQPValue>, PublishError> {
+    use serde_json::Value;
+    let nested = |what: &str| {
+        if depth > MAX_HEADER_DEPTH {
+            Err(invalid(format!(
+                "header {} nests {what} deeper than {MAX_HEADER_DEPTH} levels",
+                preview(path)
+            )))
+        } else {
+            Ok(())
+        }
     };
-    map.into_iter()
-        .map(|(key, value)| match value {
-            serde_json::Value::String(text) if key.len() <= 255 => Ok((key, text)),
-            serde_json::Value::String(_) => Err(invalid(format!("key of {} bytes", key.len()))),
-            other => Err(invalid(format!(
-                "value of {key:?} is not a string: {other}"
-            ))),
-        })
-        .collect()
+    Ok(Some(match value {
+        Value::Null => return Ok(None),
+        Value::Bool(flag) => AMQPValue::Boolean(flag),
+        Value::String(text) => long_string(text),
+        Value::Number(number) => match (number.as_i64(), number.as_f64()) {
+            (Some(integer), _) => AMQPValue::LongLongInt(integer),
+            (None, _) if number.is_u64() => {
+                return Err(invalid(format!(
+                    "header {path} is {number}, above the largest AMQP integer \
+                     ({}, a signed 64-bit long-long-int); send it as a string",
+                    i64::MAX
+                )))
+            }
+            (None, Some(float)) => AMQPValue::Double(float),
+            (None, None) => return Err(invalid(format!("header {path} is {number}"))),
+        },
+        Value::Object(map) => {
+            nested("objects")?;
+            let mut table = FieldTable::default();
+            for (key, value) in map {
+                let here = if path.is_empty() {
+                    format!("{key:?}")
+                } else {
+                    format!("{path}.{key:?}")
+                };
+                if key.len() > 255 {
+                    return Err(invalid(format!(
+                        "header key {} is {} bytes; AMQP allows 255",
+                        preview(&here),
+                        key.len()
+                    )));
+                }
+                if let Some(value) = amqp_value(value, &here, depth + 1)? {
+                    table.insert(ShortString::from(key), value);
+                }
+            }
+            AMQPValue::FieldTable(table)
+        }
+        Value::Array(items) => {
+            nested("arrays")?;
+            let mut array = FieldArray::default();
+            for (index, item) in items.into_iter().enumerate() {
+                let here = format!("{path}[{index}]");
+                array.push(amqp_value(item, &here, depth + 1)?.unwrap_or(AMQPValue::Void));
+            }
+            AMQPValue::FieldArray(array)
+        }
+    }))
+}
+
+/// The first 40 characters of a long header path, for a message that names it.
+fn preview(path: &str) -> String {
+    match path.char_indices().nth(40) {
+        Some((end, _)) => format!("{}…", &path[..end]),
+        None => path.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -175,11 +260,73 @@ mod tests {
     }
 
     #[test]
-    fn headers_that_are_not_an_object_of_strings_are_permanent_failures() {
-        for bad in ["[1]", "{\"a\":1}", "not json"] {
+    fn headers_keep_their_json_types() {
+        let props = properties(
+            &record(Some(
+                r#"{"prio":5,"neg":-3,"ok":true,"gone":null,"ratio":1.5,"s":"x",
+                   "nested":{"a":1,"b":null},"list":[1,"x",null,[false]],
+                   "huge":100000000000000000000}"#,
+            )),
+            &settings(),
+            "room_id",
+        )
+        .unwrap();
+        let headers = props.headers().as_ref().unwrap().inner();
+        assert_eq!(headers.get("prio"), Some(&AMQPValue::LongLongInt(5)));
+        assert_eq!(headers.get("neg"), Some(&AMQPValue::LongLongInt(-3)));
+        assert_eq!(headers.get("ok"), Some(&AMQPValue::Boolean(true)));
+        assert_eq!(headers.get("gone"), None, "null drops the header");
+        assert_eq!(headers.get("ratio"), Some(&AMQPValue::Double(1.5)));
+        assert_eq!(
+            headers.get("huge"),
+            Some(&AMQPValue::Double(1e20)),
+            "beyond 64 bits, JSON's reading: a double"
+        );
+        assert_eq!(headers.get("s"), Some(&long_string("x".into())));
+        let mut nested = FieldTable::default();
+        nested.insert("a".into(), AMQPValue::LongLongInt(1));
+        assert_eq!(headers.get("nested"), Some(&AMQPValue::FieldTable(nested)));
+        let mut inner = FieldArray::default();
+        inner.push(AMQPValue::Boolean(false));
+        let mut list = FieldArray::default();
+        for value in [
+            AMQPValue::LongLongInt(1),
+            long_string("x".into()),
+            AMQPValue::Void,
+            AMQPValue::FieldArray(inner),
+        ] {
+            list.push(value);
+        }
+        assert_eq!(headers.get("list"), Some(&AMQPValue::FieldArray(list)));
+    }
+
+    #[test]
+    fn headers_amqp_cannot_carry_are_permanent_failures_naming_the_header() {
+        let deep = format!("{{\"d\":{}1{}}}", "[".repeat(16), "]".repeat(16));
+        let long_key = format!("{{\"n\":{{\"{}\":1}}}}", "k".repeat(256));
+        for (bad, says) in [
+            ("[1]", "not a JSON object".to_owned()),
+            ("not json", "not valid JSON".to_owned()),
+            (
+                r#"{"big":18446744073709551615}"#,
+                "header \"big\" is 18446744073709551615, above the largest AMQP integer".into(),
+            ),
+            (
+                r#"{"a":{"b":[0,9223372036854775808]}}"#,
+                "header \"a\".\"b\"[1] is 9223372036854775808".into(),
+            ),
+            (&long_key, "header key \"n\".\"kkkk".into()),
+            (&long_key, "is 256 bytes; AMQP allows 255".into()),
+            (&deep, "header \"d\"[0][0]".into()),
+            (&deep, "nests arrays deeper than 16 levels".into()),
+        ] {
             let error = properties(&record(Some(bad)), &settings(), "room_id").unwrap_err();
             assert!(error.is_permanent(), "{bad}: {error}");
-            assert!(error.to_string().contains("headers column"), "{error}");
+            let error = error.to_string();
+            assert!(error.contains("headers column: "), "{error}");
+            assert!(error.contains(&says), "{says:?} not in {error}");
         }
+        let just_deep_enough = format!("{{\"d\":{}1{}}}", "[".repeat(15), "]".repeat(15));
+        assert!(properties(&record(Some(&just_deep_enough)), &settings(), "room_id").is_ok());
     }
 }

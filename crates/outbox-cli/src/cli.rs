@@ -1,6 +1,6 @@
 //! The command line; README.md ("Commands") shows it whole.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -68,14 +68,18 @@ pub enum Command {
     /// indexes, its own columns and rows untouched. Use it from a deployment when
     /// database.migrate_on_start is false.
     Migrate(MigrateArgs),
-    /// Validate the settings and print the effective values (secrets redacted).
+    /// Validate the settings, print the effective values (secrets redacted), and ask the
+    /// databases and brokers what `run` would.
     ///
     /// Loads the defaults, the file and the OUTBOX_RELAY__ variables, validates them as
     /// `run` would, and prints the result as TOML, passwords shown as ***, then each
-    /// outbox. Then connects to each outbox's database where it can and checks the column
-    /// mapping against its table (a database it cannot reach is a warning). Exit code 2
-    /// with a message naming the key, or the outbox and column, when a setting is wrong.
-    CheckConfig,
+    /// outbox. Then connects to each outbox's database (checking the role's privileges and
+    /// the column mapping against its table) and to each broker of amqp.url (login, vhost,
+    /// and the type of each exchange that exists), creating nothing. Exit code 2 naming the
+    /// outbox or broker, the setting and the reason when a setting is wrong or a database
+    /// or broker refuses it; one that cannot be reached is a `# warning:` (exit code 0), so
+    /// it can run before the services are up.
+    CheckConfig(CheckConfigArgs),
     /// Show counts by status, the oldest pending age, the rows claimed per node and the
     /// table's size on disk.
     Status(StatusArgs),
@@ -98,6 +102,14 @@ pub enum Command {
     /// 1,000 (one short DELETE each), so it is safe while relays run. Pending rows are
     /// never deleted; dead rows only with --dead. --dry-run counts instead of deleting.
     Purge(PurgeArgs),
+}
+
+/// `check-config` options.
+#[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    /// Check the settings only: contact no database and no broker.
+    #[arg(long)]
+    pub offline: bool,
 }
 
 /// `purge` options.
@@ -180,44 +192,73 @@ pub struct StatusArgs {
 pub enum DeadCommand {
     /// List dead events with their last error.
     ///
-    /// One line per event, oldest first per outbox, tab-separated: event_id, room_id,
-    /// event_type, retry_count, last_error, outbox.
+    /// A header row, then one line per event, oldest first per outbox, tab-separated:
+    /// event_id, room_id, event_type, retry_count, last_error, outbox. The filters combine
+    /// (an event must pass each one given).
     List {
-        /// Print one JSON object per line instead (id, event_id, event_type, room_id,
-        /// retry_count, last_error, created_at, outbox).
+        /// Print one JSON object per line instead, without a header (id, event_id,
+        /// event_type, room_id, retry_count, last_error, created_at, outbox).
         #[arg(long)]
         json: bool,
-        /// At most this many rows, oldest first.
+        /// At most this many events per outbox, oldest first; 0: every one.
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: u64,
-        /// Only this room's dead events.
-        #[arg(long, value_name = "ROOM")]
-        room: Option<String>,
-        /// Only dead events of this type.
-        #[arg(long, value_name = "TYPE")]
-        event_type: Option<String>,
+        /// The filters.
+        #[command(flatten)]
+        filters: DeadFilters,
         /// Only this outbox (its name; default: every outbox).
         #[arg(long, value_name = "NAME")]
         outbox: Option<String>,
     },
     /// Make dead events pending again (retry_count 0, available now).
     ///
-    /// Exactly one of --event-id, --room or --all. Requeued events are published after
-    /// the events of their room that went out while they were dead.
+    /// Selects by --event-id, --event-type, --room and --older-than, which combine (an
+    /// event must pass each one given), or every dead event with --all; one of them is
+    /// required. --dry-run lists the events it would requeue and changes nothing.
+    /// Requeued events are published after the events of their room that went out while
+    /// they were dead. Exit code 1 when an --event-id names no dead event that passes the
+    /// filters: the others are requeued all the same and the missing ids are named.
+    #[command(group(
+        ArgGroup::new("selection")
+            .required(true)
+            .multiple(true)
+            .args(["event_ids", "event_type", "room", "older_than", "all"])
+    ))]
     Requeue {
-        /// Requeue these event ids.
-        #[arg(long = "event-id", value_name = "ID", num_args = 1.., required_unless_present_any = ["room", "all"])]
+        /// Only these event ids.
+        #[arg(long = "event-id", value_name = "ID", num_args = 1..)]
         event_ids: Vec<String>,
-        /// Requeue every dead event of this room.
-        #[arg(long, conflicts_with_all = ["event_ids", "all"])]
-        room: Option<String>,
-        /// Requeue every dead event.
-        #[arg(long, conflicts_with_all = ["event_ids", "room"])]
+        /// The filters.
+        #[command(flatten)]
+        filters: DeadFilters,
+        /// Every dead event (no other selection).
+        #[arg(long, conflicts_with_all = ["event_ids", "event_type", "room", "older_than"])]
         all: bool,
+        /// Print the dead events that would be requeued, as `dead list` does, and how
+        /// many; change nothing.
+        #[arg(long)]
+        dry_run: bool,
         /// Only this outbox (its name; default: every outbox).
         #[arg(long, value_name = "NAME")]
         outbox: Option<String>,
     },
+}
+
+/// The filters `dead list` and `dead requeue` share.
+#[derive(Debug, Args)]
+pub struct DeadFilters {
+    /// Only dead events of this type, or of the types an AMQP topic pattern matches, as in
+    /// [[amqp.routes]]: `*` stands for one word, `#` for zero or more ('order.*',
+    /// 'order.#').
+    #[arg(long, value_name = "TYPE")]
+    pub event_type: Option<String>,
+    /// Only this room's dead events.
+    #[arg(long, value_name = "ROOM")]
+    pub room: Option<String>,
+    /// Only dead events created longer ago than this, such as "30m", "12h" or "7d" (by
+    /// the event's created_at: no time of death is recorded).
+    #[arg(long, value_name = "DURATION", value_parser = parse_age)]
+    pub older_than: Option<Duration>,
 }
 
 /// `demo` options.
@@ -337,6 +378,49 @@ mod tests {
         assert!(
             Cli::try_parse_from(["outbox-relay", "purge"]).is_err(),
             "--older-than is required"
+        );
+    }
+
+    #[test]
+    fn dead_requeue_names_the_selections_it_takes() {
+        let error = Cli::try_parse_from(["outbox-relay", "dead", "requeue"])
+            .unwrap_err()
+            .to_string();
+        for choice in [
+            "--event-id",
+            "--event-type",
+            "--room",
+            "--older-than",
+            "--all",
+        ] {
+            assert!(error.contains(choice), "{choice} not in {error}");
+        }
+        let combined = Cli::try_parse_from([
+            "outbox-relay",
+            "dead",
+            "requeue",
+            "--event-type",
+            "order.*",
+            "--room",
+            "r1",
+            "--older-than",
+            "1h",
+            "--dry-run",
+        ])
+        .expect("filters combine");
+        let Command::Dead(DeadCommand::Requeue {
+            filters, dry_run, ..
+        }) = combined.command
+        else {
+            panic!("not dead requeue: {:?}", combined.command);
+        };
+        assert!(dry_run);
+        assert_eq!(filters.event_type.as_deref(), Some("order.*"));
+        assert_eq!(filters.older_than, Some(Duration::from_secs(3600)));
+        assert!(
+            Cli::try_parse_from(["outbox-relay", "dead", "requeue", "--all", "--room", "r1"])
+                .is_err(),
+            "--all selects every dead event: no filter beside it"
         );
     }
 }

@@ -21,6 +21,7 @@
 
 use crate::dependency::Dependency;
 use crate::settings::MaxPendingAge;
+use crate::startup::ConfigProblem;
 use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
@@ -179,6 +180,26 @@ pub struct Endpoint {
     upkeep: actix_rt::Arbiter,
 }
 
+/// Why `metrics.listen` could not be bound. An address in use, not of this host or
+/// needing privileges is the settings' problem (exit code 2: a supervisor restarting the
+/// relay would fail the same way forever); anything else is a runtime failure.
+fn bind_error(listen: SocketAddr, error: std::io::Error) -> anyhow::Error {
+    use std::io::ErrorKind;
+    let why = match error.kind() {
+        ErrorKind::AddrInUse => "the address is in use (another process listens there)",
+        ErrorKind::AddrNotAvailable => "the address is not one of this host's",
+        ErrorKind::PermissionDenied => "permission denied (ports below 1024 need privileges)",
+        _ => {
+            return anyhow::Error::new(error)
+                .context(format!("cannot listen on {listen} (metrics.listen)"))
+        }
+    };
+    anyhow::Error::new(ConfigProblem(format!(
+        "metrics.listen = \"{listen}\": cannot listen there: {why}; choose another address or \
+         port, or \"\" to serve no metrics"
+    )))
+}
+
 impl Endpoint {
     /// Installs the Prometheus recorder (labelling every metric `node_id`) and starts
     /// serving on `listen`. Must run before the relay starts: the actors take their metric
@@ -197,8 +218,8 @@ impl Endpoint {
             metrics::gauge!(instruments::UP, "dependency" => dependency).set(0.0);
         }
         metrics::gauge!(instruments::BROKER_BLOCKED).set(0.0);
-        let listener = std::net::TcpListener::bind(listen)
-            .with_context(|| format!("cannot listen on {listen} (metrics.listen)"))?;
+        let listener =
+            std::net::TcpListener::bind(listen).map_err(|error| bind_error(listen, error))?;
         let address = listener.local_addr()?;
         let health = Arc::new(Health::default());
         let served = web::Data::new(Served {

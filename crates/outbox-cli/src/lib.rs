@@ -25,6 +25,9 @@ pub mod startup;
 pub mod telemetry;
 pub mod traces;
 
+#[cfg(test)]
+mod changelog;
+
 use clap::{CommandFactory as _, FromArgMatches as _};
 use cli::Cli;
 use settings::{Config, LogFormat};

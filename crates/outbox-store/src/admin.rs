@@ -1,10 +1,12 @@
 //! Operator queries: dead events and requeueing them.
 
-use crate::dialect::Params;
+use crate::dialect::{Dialect, Params};
 use crate::error::Error;
+use crate::reads::Reads;
 use crate::sql::{DEAD, PENDING};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
+use outbox_core::routing::topic_matches;
 use sea_orm::{ConnectionTrait, FromQueryResult};
 
 /// A dead event as `dead list` shows it.
@@ -26,56 +28,142 @@ pub struct DeadEvent {
     pub created_at: DateTime<Utc>,
 }
 
-/// Which dead events to list.
+/// Which dead events `dead list` and `dead requeue` select: every condition given holds
+/// (none given: every dead event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadFilter {
+    /// Only these event ids (empty: any).
+    pub event_ids: Vec<String>,
     /// Only this room.
     pub room: Option<String>,
-    /// Only this event type.
+    /// Only this event type, or the types an AMQP topic pattern matches (`*` one word, `#`
+    /// zero or more, as `[[routes]]` match them).
     pub event_type: Option<String>,
+    /// Only events created before this time (no time of death is recorded: a dead row is
+    /// as old as its event, as for `purge --dead`).
+    pub created_before: Option<DateTime<Utc>>,
 }
 
-/// Which dead events to requeue.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Requeue {
-    /// These event ids.
-    EventIds(Vec<String>),
-    /// Every dead event of this room.
-    Room(String),
-    /// Every dead event.
-    All,
+impl DeadFilter {
+    /// The event type is a topic pattern (a word `*` or `#`), matched here rather than by
+    /// the database.
+    fn type_pattern(&self) -> Option<&str> {
+        self.event_type
+            .as_deref()
+            .filter(|pattern| pattern.split('.').any(|word| word == "*" || word == "#"))
+    }
+
+    /// The conditions the database checks (after `WHERE status = 'dead'`); a pattern is
+    /// narrowed to the types that start with its words before the first wildcard, and
+    /// [`DeadFilter::type_pattern`] decides.
+    fn conditions(&self, params: &mut Params, reads: &Reads, dialect: Dialect) -> String {
+        let mut conditions = String::new();
+        if !self.event_ids.is_empty() {
+            let list = self
+                .event_ids
+                .iter()
+                .map(|id| params.bind(id.as_str()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            conditions.push_str(&format!(" AND {} IN ({list})", reads.event_id));
+        }
+        if let Some(room) = &self.room {
+            let room = params.bind(room.as_str());
+            conditions.push_str(&format!(" AND {} = {room}", reads.key_text));
+        }
+        match (self.type_pattern(), &self.event_type) {
+            (Some(pattern), _) => {
+                let prefix = pattern
+                    .split('.')
+                    .take_while(|word| *word != "*" && *word != "#")
+                    .collect::<Vec<_>>()
+                    .join(".");
+                if !prefix.is_empty() {
+                    // `!` escapes LIKE's wildcards the same way on every backend.
+                    let escaped = prefix
+                        .replace('!', "!!")
+                        .replace('%', "!%")
+                        .replace('_', "!_");
+                    let like = params.bind(format!("{escaped}%"));
+                    conditions
+                        .push_str(&format!(" AND {} LIKE {like} ESCAPE '!'", reads.event_type));
+                }
+            }
+            (None, Some(event_type)) => {
+                let event_type = params.bind(event_type.as_str());
+                conditions.push_str(&format!(" AND {} = {event_type}", reads.event_type));
+            }
+            (None, None) => {}
+        }
+        if let Some(bound) = self.created_before {
+            let bound = params.bind_time(bound);
+            conditions.push_str(&format!(
+                " AND {} < {}",
+                dialect.time(&reads.created_at),
+                dialect.time(&bound)
+            ));
+        }
+        conditions
+    }
+
+    /// `event_type` passes the type condition the database could not check.
+    fn admits(&self, event_type: &str) -> bool {
+        self.type_pattern()
+            .is_none_or(|pattern| topic_matches(pattern, event_type))
+    }
 }
+
+/// Rows read per query while looking for dead events a pattern matches, and rows requeued
+/// per statement by position.
+const PAGE: usize = 500;
 
 impl SeaOrmStore {
-    /// Dead events matching `filter`, oldest first.
+    /// Dead events matching `filter`, oldest first; at most `limit` of them (`None`: all).
     pub async fn dead_events(
         &self,
         filter: &DeadFilter,
-        limit: u64,
+        limit: Option<u64>,
+    ) -> Result<Vec<DeadEvent>, Error> {
+        let limit = limit.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let mut found = Vec::new();
+        let mut after = None;
+        while found.len() < limit {
+            let page = self.dead_page(filter, after, PAGE).await?;
+            let last_page = page.len() < PAGE;
+            after = page.last().map(|event| event.id);
+            found.extend(
+                page.into_iter()
+                    .filter(|event| filter.admits(&event.event_type))
+                    .take(limit - found.len()),
+            );
+            if last_page {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
+    /// Up to `size` dead events that the database's conditions of `filter` select, after
+    /// position `after`, oldest first.
+    async fn dead_page(
+        &self,
+        filter: &DeadFilter,
+        after: Option<i64>,
+        size: usize,
     ) -> Result<Vec<DeadEvent>, Error> {
         let t = self.table();
         let reads = self.reads();
         let mut params = Params::new(self.dialect());
-        let mut conditions = String::new();
-        if let Some(room) = &filter.room {
-            conditions.push_str(&format!(
-                " AND {} = {}",
-                reads.key_text,
-                params.bind(room.as_str())
-            ));
+        let mut conditions = filter.conditions(&mut params, reads, self.dialect());
+        if let Some(after) = after {
+            let after = params.bind(after);
+            conditions.push_str(&format!(" AND {} > {after}", reads.position));
         }
-        if let Some(event_type) = &filter.event_type {
-            conditions.push_str(&format!(
-                " AND {} = {}",
-                reads.event_type,
-                params.bind(event_type.as_str())
-            ));
-        }
-        let limit = params.bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        let size = params.bind(i64::try_from(size).unwrap_or(i64::MAX));
         DeadEvent::find_by_statement(params.statement(format!(
             "SELECT {} AS id, {} AS event_id, {} AS event_type, {} AS room_id, retry_count, \
              last_error, {} AS created_at FROM {t} WHERE status = {DEAD}{conditions} \
-             ORDER BY {} LIMIT {limit}",
+             ORDER BY {} LIMIT {size}",
             reads.position_value(&reads.position),
             reads.event_id,
             reads.event_type,
@@ -88,35 +176,95 @@ impl SeaOrmStore {
         .map_err(Error::from)
     }
 
-    /// Makes the selected dead events pending again: `retry_count = 0`, available now,
-    /// `last_error` kept for the record. Returns how many rows changed.
-    pub async fn requeue_dead(&self, which: &Requeue) -> Result<u64, Error> {
+    /// Makes the dead events `filter` selects pending again: `retry_count = 0`, available
+    /// now, `last_error` kept for the record. Returns how many rows changed.
+    pub async fn requeue_dead(&self, filter: &DeadFilter) -> Result<u64, Error> {
+        if filter.type_pattern().is_none() {
+            return self
+                .requeue_where(|params| filter.conditions(params, self.reads(), self.dialect()))
+                .await;
+        }
+        // A pattern is matched here: requeue the rows it matched, by position.
+        let positions: Vec<i64> = self
+            .dead_events(filter, None)
+            .await?
+            .iter()
+            .map(|event| event.id)
+            .collect();
+        let mut requeued = 0;
+        for chunk in positions.chunks(PAGE) {
+            requeued += self
+                .requeue_where(|params| {
+                    format!(" AND {} {}", self.reads().position, params.any_of(chunk))
+                })
+                .await?;
+        }
+        Ok(requeued)
+    }
+
+    /// Requeues the dead rows that also meet the conditions `conditions` binds (after the
+    /// time: `?` placeholders bind in the order of the statement's text).
+    async fn requeue_where(
+        &self,
+        conditions: impl FnOnce(&mut Params) -> String,
+    ) -> Result<u64, Error> {
         let t = self.table();
-        let reads = self.reads();
         let mut params = Params::new(self.dialect());
         let now = params.bind_time(Utc::now());
-        let filter = match which {
-            Requeue::EventIds(ids) if ids.is_empty() => return Ok(0),
-            Requeue::EventIds(ids) => {
-                let list = ids
-                    .iter()
-                    .map(|id| params.bind(id.as_str()))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                format!(" AND {} IN ({list})", reads.event_id)
-            }
-            Requeue::Room(room) => {
-                format!(" AND {} = {}", reads.key_text, params.bind(room.as_str()))
-            }
-            Requeue::All => String::new(),
-        };
+        let conditions = conditions(&mut params);
         let result = self
             .connection()
             .execute(params.statement(format!(
                 "UPDATE {t} SET status = {PENDING}, retry_count = 0, available_at = {now}, \
-                 locked_by = NULL, locked_until = NULL WHERE status = {DEAD}{filter}"
+                 locked_by = NULL, locked_until = NULL WHERE status = {DEAD}{conditions}"
             )))
             .await?;
         Ok(result.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::columns::Columns;
+
+    fn by_type(event_type: &str) -> DeadFilter {
+        DeadFilter {
+            event_type: Some(event_type.into()),
+            ..DeadFilter::default()
+        }
+    }
+
+    #[test]
+    fn a_type_with_a_wildcard_word_is_a_pattern_matched_as_routes_match() {
+        assert_eq!(by_type("order.*").type_pattern(), Some("order.*"));
+        assert_eq!(by_type("#").type_pattern(), Some("#"));
+        assert_eq!(by_type("order.created").type_pattern(), None);
+        assert_eq!(by_type("order*").type_pattern(), None, "only whole words");
+        let pattern = by_type("order.*");
+        assert!(pattern.admits("order.created"));
+        assert!(!pattern.admits("order.created.late"));
+        assert!(!pattern.admits("invoice.created"));
+        assert!(
+            by_type("order.created").admits("anything"),
+            "an exact type is the database's to compare"
+        );
+    }
+
+    #[test]
+    fn a_pattern_is_narrowed_by_its_literal_words_with_like_escaped() {
+        let reads = Reads::plain(Dialect::Postgres, &Columns::default());
+        let mut params = Params::new(Dialect::Postgres);
+        let sql = by_type("a_b.100%.*.x").conditions(&mut params, &reads, Dialect::Postgres);
+        assert_eq!(sql, " AND event_type LIKE $1 ESCAPE '!'");
+        let statement = params.statement(String::new());
+        let bound = format!("{:?}", statement.values);
+        assert!(bound.contains(r"a!_b.100!%%"), "{bound}");
+        let mut params = Params::new(Dialect::Postgres);
+        assert_eq!(
+            by_type("#.created").conditions(&mut params, &reads, Dialect::Postgres),
+            "",
+            "no literal prefix: every dead row is read and matched here"
+        );
     }
 }

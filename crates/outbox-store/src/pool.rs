@@ -34,6 +34,7 @@ async fn shrinking<DB: sqlx::Database>(options: ConnectOptions) -> Result<sqlx::
         true => connect,
         false => connect.disable_statement_logging(),
     };
+    probe::<DB>(&connect, options.get_connect_timeout()).await?;
     options
         .sqlx_pool_options::<DB>()
         .after_release(|connection, _| {
@@ -45,6 +46,29 @@ async fn shrinking<DB: sqlx::Database>(options: ConnectOptions) -> Result<sqlx::
         .connect_with(connect)
         .await
         .map_err(refused)
+}
+
+/// One connection, opened and closed: the pool retries a refused connection by itself
+/// until its connect timeout and then says only "pool timed out", where this says
+/// "connection refused" at once (and a reset, a DNS failure or the server's refusal as
+/// they are).
+async fn probe<DB: sqlx::Database>(
+    connect: &<DB::Connection as sqlx::Connection>::Options,
+    timeout: Option<std::time::Duration>,
+) -> Result<(), DbErr> {
+    let timeout = timeout.unwrap_or(std::time::Duration::from_secs(5));
+    match tokio::time::timeout(timeout, connect.connect()).await {
+        Ok(Ok(connection)) => {
+            // A close that fails leaves nothing behind that the pool would use.
+            let _ = connection.close().await;
+            Ok(())
+        }
+        Ok(Err(error)) => Err(refused(error)),
+        Err(_) => Err(refused(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {timeout:?}"),
+        )))),
+    }
 }
 
 /// A refused connection as sea-orm reports it (`DbErr::Conn`), so its message is the same.

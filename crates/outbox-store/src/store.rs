@@ -38,7 +38,12 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnecti
         // the claim or flush is retried with backoff like any database error.
         .test_before_acquire(false)
         .sqlx_logging(std::env::var_os("OUTBOX_SQLX_LOG").is_some());
-    let db = crate::pool::open(options).await?;
+    let db = crate::pool::open(options)
+        .await
+        .map_err(|cause| Error::Connect {
+            reason: crate::error::describe(&cause),
+            cause,
+        })?;
     if let Some(setup) = Dialect::of(&db).database_setup() {
         db.execute_unprepared(setup).await?;
     }

@@ -338,6 +338,11 @@ async fn lock(db: &DatabaseConnection, table: &TableName) -> Result<DatabaseTran
     let name = params.bind(lock_name(table));
     match dialect {
         Dialect::Postgres => {
+            // `IF NOT EXISTS` and `IF EXISTS` answer with a NOTICE ("already exists,
+            // skipping"), which the driver logs at INFO on every start: this transaction
+            // hears warnings and errors only.
+            txn.execute_unprepared("SET LOCAL client_min_messages = warning")
+                .await?;
             txn.execute(
                 params.statement(format!("SELECT pg_advisory_xact_lock(hashtext({name}))")),
             )
