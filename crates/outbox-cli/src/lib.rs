@@ -74,7 +74,7 @@ pub fn main() -> ExitCode {
         Err(rejected) => {
             let json = rejected.log_format == Some(LogFormat::Json);
             for error in rejected.errors {
-                final_error(json, "invalid configuration", &error.to_string());
+                final_error(json, Ending::InvalidConfiguration, &error.to_string());
             }
             return ExitCode::from(EXIT_CONFIG);
         }
@@ -94,24 +94,50 @@ pub fn main() -> ExitCode {
         // unknown database or vhost, a certificate, an exchange of another type).
         Err(error) if dependency::classify(&error) == dependency::Verdict::Refused => {
             let error = secrets.scrub(&format!("{error:#}"));
-            final_error(json, "outbox-relay cannot run with these settings", &error);
+            final_error(json, Ending::Refused, &error);
             ExitCode::from(EXIT_CONFIG)
         }
         Err(error) => {
             // Our messages carry redacted URLs only; a library's may echo more.
             let error = secrets.scrub(&format!("{error:#}"));
-            final_error(json, "outbox-relay failed", &error);
+            final_error(json, Ending::Failed, &error);
             ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// What ended the process.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    /// A setting cannot be used (before anything connects).
+    InvalidConfiguration,
+    /// A database or broker refused the settings.
+    Refused,
+    /// Anything else.
+    Failed,
+}
+
+impl Ending {
+    /// The message of its JSON line.
+    fn message(self) -> &'static str {
+        match self {
+            Self::InvalidConfiguration => "invalid configuration",
+            Self::Refused => "outbox-relay cannot run with these settings",
+            Self::Failed => "outbox-relay failed",
         }
     }
 }
 
 /// Prints the error that ends the process, once, on stderr: with JSON logs as one JSON
 /// line shaped as the log lines are (whatever `log.level` lets through), else as one plain
-/// `error: …` line.
-fn final_error(json: bool, message: &str, error: &str) {
+/// `error: …` line (`error: invalid configuration: …` for a setting).
+fn final_error(json: bool, ending: Ending, error: &str) {
+    let message = ending.message();
     if !json {
-        eprintln!("error: {message}: {error}");
+        match ending {
+            Ending::InvalidConfiguration => eprintln!("error: {message}: {error}"),
+            Ending::Refused | Ending::Failed => eprintln!("error: {error}"),
+        }
         return;
     }
     let line = serde_json::json!({
