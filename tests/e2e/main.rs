@@ -49,9 +49,11 @@ mod privileges;
 mod producer;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.
 mod retention;
-/// Passwords never reach `check-config`, logs or error messages.
+/// Passwords never reach `check-config`, logs or error messages; from the environment they
+/// reach RabbitMQ and MariaDB exactly as written (an outbox's own password too).
 mod secrets;
-/// Exit codes and messages of the binary for bad settings.
+/// Exit codes and messages of the binary for bad settings: a directory or an empty file as
+/// the config, `log.level`, every bad value at once, JSON final errors.
 mod settings;
 /// SIGTERM on the real binary.
 mod shutdown;
