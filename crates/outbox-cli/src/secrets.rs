@@ -370,7 +370,10 @@ fn mask_pairs(text: &str) -> String {
         let Some((value_start, value_end)) = pair_value(text, from) else {
             continue;
         };
-        if &text[value_start..value_end] != MASK && value_start < value_end {
+        // MySQL's "Access denied … (using password: YES)" says whether one was sent.
+        let mysql_says_whether = lower[..key_start].ends_with("using ")
+            && matches!(&text[value_start..value_end], "YES" | "NO");
+        if &text[value_start..value_end] != MASK && value_start < value_end && !mysql_says_whether {
             out.push_str(&text[copied..value_start]);
             out.push_str(MASK);
             copied = value_end;
@@ -481,6 +484,11 @@ mod tests {
         assert_eq!(
             secrets.scrub("password=e pwd: \"e\""),
             "password=*** pwd: \"***\""
+        );
+        assert_eq!(
+            secrets.scrub("Access denied for user 'relay'@'db' (using password: YES)"),
+            "Access denied for user 'relay'@'db' (using password: YES)",
+            "MySQL's YES/NO is no secret"
         );
     }
 
