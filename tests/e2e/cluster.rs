@@ -1,5 +1,6 @@
 //! `amqp.url` as a list: the nodes of a RabbitMQ cluster, each stood for here by a TCP
-//! proxy in front of the one test broker.
+//! proxy in front of the one test broker; a node refusing the login is named in a `warn`
+//! (its entry, masked URL and reason) at each connection attempt, never lapin's lines.
 
 use outbox_tests::{room_events, seed, Backend, FaultProxy, RelayProcess, TestApp};
 use std::net::SocketAddr;
@@ -80,5 +81,153 @@ async fn with_two_brokers_the_relay_starts_on_the_one_that_answers_and_fails_ove
     app.expect_every_event("failover between two brokers", &events)
         .await;
     second.restore();
+    app.teardown().await;
+}
+
+#[actix_rt::test]
+async fn a_node_refusing_the_login_is_named_in_a_warning_and_the_relay_uses_the_other() {
+    const WRONG: &str = "Wrong-node-pw-4e1f";
+    let good = FaultProxy::start(local(5672)).await;
+    let events = room_events("refusing", 200, 10);
+    let (before, after) = events.split_at(100);
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            // Entry 0 refuses the login; entry 1 (through the proxy) takes it.
+            settings.amqp.url = format!(
+                "amqp://guest:{WRONG}@127.0.0.1:5672/%2f, amqp://guest:guest@{}/%2f",
+                good.addr
+            );
+            settings.relay.publish_timeout = "2s".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(before)
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    // A lost connection: the next round begins after the node connected to, at entry 0.
+    good.cut();
+    seed(&app.database, after).await;
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    let warned = relay.log_lines("broker not usable; trying the next of amqp.url");
+    assert!(!warned.is_empty(), "warned: {}", relay.log_text());
+    for line in &warned {
+        assert_eq!(line["level"], "WARN", "{line}");
+        let error = line["error"].as_str().unwrap_or_default();
+        assert!(
+            // (`guest`, the other entry's password, is masked wherever it occurs.)
+            error.contains("amqp.url[0] (amqp://")
+                && error.contains(":***@127.0.0.1:5672/%2f)")
+                && error.contains("ACCESS_REFUSED"),
+            "names the entry and the reason: {line}"
+        );
+    }
+    let log = relay.log_text();
+    assert!(!log.contains(WRONG), "password printed: {log}");
+    assert!(
+        !log.contains("Exponential backoff attempts exhausted"),
+        "lapin's lines: {log}"
+    );
+    relay.stop(Duration::from_secs(5)).await;
+    app.expect_every_event("one refusing node", &events).await;
+    app.teardown().await;
+}
+
+/// A user of the test broker, deleted on drop (also when the test fails first).
+struct BrokerUser {
+    name: String,
+}
+
+impl BrokerUser {
+    fn create(password: &str) -> Self {
+        let name = outbox_tests::unique_name("relay_mq");
+        rabbitmqctl(&["add_user", &name, password]);
+        rabbitmqctl(&["set_permissions", "-p", "/", &name, ".*", ".*", ".*"]);
+        Self { name }
+    }
+
+    fn change_password(&self, password: &str) {
+        rabbitmqctl(&["change_password", &self.name, password]);
+    }
+}
+
+impl Drop for BrokerUser {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args(["delete_user", &self.name])
+            .output();
+    }
+}
+
+fn rabbitmqctl(args: &[&str]) {
+    let output = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(output.status.success(), "rabbitmqctl {args:?}: {output:?}");
+}
+
+#[actix_rt::test]
+async fn a_broker_refusing_a_changed_password_is_a_warning_at_each_attempt() {
+    const PASSWORD: &str = "Mq-pw-first-81d0";
+    const CHANGED: &str = "Mq-pw-changed-3a7c";
+    let user = BrokerUser::create(PASSWORD);
+    let proxy = FaultProxy::start(local(5672)).await;
+    let events = room_events("rotated", 100, 10);
+    let (before, after) = events.split_at(50);
+    let name = user.name.clone();
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.amqp.url = format!("amqp://{name}:{PASSWORD}@{}/%2f", proxy.addr);
+            settings.relay.retry_interval = "100ms".into();
+            settings.relay.publish_timeout = "2s".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(before)
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+
+    // The password changes under the relay; its connection is lost.
+    user.change_password(CHANGED);
+    proxy.cut();
+    seed(&app.database, after).await;
+    let refused = || relay.log_lines("broker refuses the connection");
+    outbox_tests::eventually(
+        "two refused reconnection attempts",
+        Duration::from_secs(60),
+        || std::future::ready(refused().len() >= 2),
+    )
+    .await;
+    user.change_password(PASSWORD);
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    for line in refused() {
+        assert_eq!(line["level"], "WARN", "{line}");
+        let error = line["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(&format!(
+                "amqp.url (amqp://{}:***@{}/%2f)",
+                user.name, proxy.addr
+            )) && error.contains("ACCESS_REFUSED"),
+            "names the entry and the reason: {line}"
+        );
+    }
+    let log = relay.log_text();
+    for secret in [PASSWORD, CHANGED] {
+        assert!(!log.contains(secret), "{secret} printed: {log}");
+    }
+    assert!(!log.contains("Exponential backoff"), "lapin's lines: {log}");
+    relay.stop(Duration::from_secs(5)).await;
+    app.expect_every_event("a changed broker password", &events)
+        .await;
     app.teardown().await;
 }

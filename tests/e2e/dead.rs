@@ -2,7 +2,7 @@
 //! `--older-than`, `--dry-run`, unknown event ids, `--limit 0`, the header row.
 
 use outbox_tests::output::{stderr, stdout, succeeded};
-use outbox_tests::{event, eventually, per_backend, Backend, TestApp, TestEvent};
+use outbox_tests::{event, per_backend, Backend, TestApp, TestEvent};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -32,16 +32,7 @@ async fn dead_events_are_selected_by_pattern_room_and_age(backend: Backend) {
         .spawn()
         .await;
     let database = &app.database;
-    eventually("four dead events", DEADLINE, || async {
-        database
-            .rows()
-            .await
-            .iter()
-            .filter(|row| row.status == "dead")
-            .count()
-            == 4
-    })
-    .await;
+    database.wait_dead(4, DEADLINE).await;
     database
         .execute(&format!(
             "UPDATE {} SET created_at = {} WHERE event_id = 'x1'",

@@ -253,16 +253,7 @@ async fn dead_events_are_listed_and_requeued_by_id_room_and_all() {
         ])
         .spawn()
         .await;
-    eventually("four dead events", DEADLINE, || async {
-        app.database
-            .rows()
-            .await
-            .iter()
-            .filter(|row| row.status == "dead")
-            .count()
-            == 4
-    })
-    .await;
+    app.database.wait_dead(4, DEADLINE).await;
     app.broker.bind("orphan.#").await;
 
     let dead = |args: &[&str]| {

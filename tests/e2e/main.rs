@@ -4,12 +4,16 @@
 /// `relay.max_inflight_bytes`: the claim's byte budget on every backend; large rows
 /// delivered in room order within the budget plus one row.
 mod bytes;
+/// `check-config` asks every database and broker what `run` would: refusals exit 2 naming
+/// the outbox or broker entry, unreachable addresses are warnings, `--offline` asks nothing.
+mod check_config;
 /// Three nodes, a steady producer and a schedule of kills, SIGTERMs and cuts of the
 /// broker and database links: nothing lost, room order kept, no node exits by itself.
 mod churn;
 /// `--help` and `--version`.
 mod cli;
-/// `amqp.url` as a list of brokers: starting on the one that answers, failing over.
+/// `amqp.url` as a list of brokers: starting on the one that answers, failing over; a
+/// node refusing the login named at each attempt.
 mod cluster;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
 /// migrated in place, `plan` as a dry run, `check_columns`' errors.
@@ -41,13 +45,18 @@ mod notices;
 /// and `run` on a Debezium-shaped table and the original worker's; two outboxes in one
 /// process; bad mappings refused with exit code 2.
 mod outboxes;
+/// A least-privilege role on PostgreSQL and MariaDB relays; a missing privilege is named
+/// by `check-config` and `run` (exit code 2).
+mod privileges;
 /// `enqueue` in the caller's transaction, the README's plain INSERT, the trace context.
 mod producer;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.
 mod retention;
-/// Passwords never reach `check-config`, logs or error messages.
+/// Passwords never reach `check-config`, logs or error messages; from the environment they
+/// reach RabbitMQ and MariaDB exactly as written (an outbox's own password too).
 mod secrets;
-/// Exit codes and messages of the binary for bad settings.
+/// Exit codes and messages of the binary for bad settings: a directory or an empty file as
+/// the config, `log.level`, every bad value at once, JSON final errors.
 mod settings;
 /// SIGTERM on the real binary.
 mod shutdown;

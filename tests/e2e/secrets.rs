@@ -1,11 +1,78 @@
 //! Passwords never reach `check-config`, the log of `run`, or an error message — whether
-//! they come in the URL, from `*.password` or from `*.password_file`.
+//! they come in the URL, from `*.password` or from `*.password_file` — and every password
+//! given in the environment reaches the server exactly as written.
 
+use outbox_cli::settings::OutboxSettings;
+use outbox_tests::output::{stderr, stdout};
 use outbox_tests::{
-    room_events, seed, test_settings, Backend, RelayProcess, TestBroker, TestDatabase,
+    room_events, run_binary, seed, test_settings, unique_name, Backend, RelayProcess, SettingsFile,
+    TestBroker, TestDatabase,
 };
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A RabbitMQ user of its own with `password`, allowed everything on `/`; deleted on drop.
+struct BrokerUser {
+    name: String,
+}
+
+impl BrokerUser {
+    fn new(password: &str) -> Self {
+        let name = unique_name("e2e_user");
+        rabbitmqctl(&["add_user", &name, password]);
+        rabbitmqctl(&["set_permissions", "-p", "/", &name, ".*", ".*", ".*"]);
+        Self { name }
+    }
+
+    /// `broker`'s URL with this user and no password.
+    fn url(&self, broker: &TestBroker) -> String {
+        let mut url = url::Url::parse(&broker.url).expect("a URL");
+        url.set_password(None).expect("a host");
+        url.set_username(&self.name).expect("a host");
+        url.into()
+    }
+}
+
+impl Drop for BrokerUser {
+    fn drop(&mut self) {
+        rabbitmqctl(&["delete_user", &self.name]);
+    }
+}
+
+fn rabbitmqctl(args: &[&str]) {
+    let output = Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        output.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        stderr(&output)
+    );
+}
+
+/// Asserts that none of `texts` shows `password`. A short one (`0123`, `true`) may occur
+/// in any log by chance (a timestamp, a JSON boolean), so it is looked for where a
+/// password would stand; a long one anywhere.
+fn assert_not_shown(password: &str, texts: &[&str]) {
+    for text in texts {
+        if password.len() >= 7 {
+            assert!(!text.contains(password), "{password} shown:\n{text}");
+            continue;
+        }
+        for form in [
+            format!(":{password}@"),
+            format!("password={password}"),
+            format!("password: \"{password}\""),
+            format!("password = \"{password}\""),
+        ] {
+            assert!(!text.contains(&form), "{form} shown:\n{text}");
+        }
+    }
+}
 
 /// A file holding `secret` and a newline, as secret mounts usually do.
 fn secret_file(secret: &str) -> PathBuf {
@@ -136,7 +203,7 @@ async fn a_broker_connection_error_names_no_password_from_a_file() {
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
         log.contains(&format!(
-            "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:{port}"
+            "cannot connect to RabbitMQ at amqp.url (amqp://guest:***@127.0.0.1:{port}"
         )),
         "names the broker, password redacted: {log}"
     );
@@ -145,4 +212,195 @@ async fn a_broker_connection_error_names_no_password_from_a_file() {
     let _ = std::fs::remove_file(&relay.log);
     broker.close().await;
     database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn passwords_that_look_like_numbers_booleans_lists_or_quotes_reach_the_broker_verbatim() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let broker = TestBroker::new("#").await;
+    for (round, password) in ["8675309", "0123", "true", "[s3cr3t,x]", "\"Sup3r\""]
+        .into_iter()
+        .enumerate()
+    {
+        let user = BrokerUser::new(password);
+        let settings = test_settings(&database, &broker, |settings| {
+            settings.amqp.url = user.url(&broker);
+            // As OUTBOX_RELAY__AMQP__PASSWORD: every setting reaches the binary as a variable.
+            settings.amqp.password = password.into();
+            settings.log.level = "debug".into();
+            // A refused login exits 2 at once; anything else gets 10 s.
+            settings.relay.startup_timeout = "10s".into();
+        });
+        let check = run_binary(crate::RELAY, &settings, &["check-config"]);
+        assert!(check.status.success(), "{password}: {}", stderr(&check));
+        let events = room_events(&format!("verbatim{round}"), 5, 1);
+        seed(&database, &events).await;
+        let relay = RelayProcess::spawn(crate::RELAY, &settings);
+        database.wait_all_published(DEADLINE).await;
+        let log = relay.log_text();
+        relay.stop(Duration::from_secs(10)).await;
+        assert!(log.contains("DEBUG"), "debug lines were logged: {log}");
+        assert_not_shown(password, &[&stdout(&check), &stderr(&check), &log]);
+    }
+    broker.close().await;
+    database.drop_table().await;
+}
+
+#[test]
+fn a_toml_syntax_error_in_a_line_holding_a_password_names_the_place_only() {
+    let file = std::env::temp_dir().join(unique_name("syntax") + ".toml");
+    std::fs::write(
+        &file,
+        "[relay]\nbatch_size = 10\n[amqp]\nurl = \"amqp://guest:TopSecret42@127.0.0.1:5672/%2f\n",
+    )
+    .unwrap();
+    for command in ["check-config", "run"] {
+        let output = Command::new(crate::RELAY)
+            .arg("--config")
+            .arg(&file)
+            .arg(command)
+            .output()
+            .unwrap();
+        let text = format!("{}{}", stdout(&output), stderr(&output));
+        assert_eq!(output.status.code(), Some(2), "{text}");
+        assert!(
+            text.contains(&format!("config file {}, line 4, column ", file.display()))
+                && text.contains("invalid TOML"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("TopSecret42") && !text.contains("guest"),
+            "{text}"
+        );
+    }
+    let _ = std::fs::remove_file(file);
+}
+
+#[actix_rt::test]
+async fn a_one_letter_password_does_not_mangle_log_lines() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let broker = TestBroker::new("#").await;
+    let user = BrokerUser::new("e");
+    let settings = test_settings(&database, &broker, |settings| {
+        settings.amqp.url = user.url(&broker);
+        settings.amqp.password = "e".into();
+        settings.relay.startup_timeout = "10s".into();
+    });
+    let events = room_events("one-letter", 5, 1);
+    seed(&database, &events).await;
+    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+    database.wait_all_published(DEADLINE).await;
+    let log = relay.log_text();
+    relay.stop(Duration::from_secs(10)).await;
+
+    assert!(
+        log.contains("relay") && log.contains(&user.name),
+        "words with an e, and the user name, as written: {log}"
+    );
+    let masks = log.matches("***").count();
+    assert_eq!(
+        masks,
+        log.matches(":***@").count(),
+        "*** only where a URL's password stands: {log}"
+    );
+    assert!(!log.contains(":e@"), "{log}");
+    broker.close().await;
+    database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn an_outbox_on_a_second_database_takes_its_own_password_from_the_environment() {
+    const PG_PASSWORD: &str = "pg-Pw-2b7d41";
+    const MARIA_PASSWORD: &str = "maria-Pw-0123";
+    let postgres = TestDatabase::new(Backend::Postgres).await;
+    let maria = TestDatabase::new(Backend::MySql).await;
+    let user = unique_name("e2e_relay");
+    for host in ["%", "localhost", "127.0.0.1"] {
+        maria
+            .execute(&format!(
+                "CREATE USER '{user}'@'{host}' IDENTIFIED BY '{MARIA_PASSWORD}'"
+            ))
+            .await;
+        maria
+            .execute(&format!("GRANT ALL ON test.* TO '{user}'@'{host}'"))
+            .await;
+    }
+    let broker = TestBroker::new("#").await;
+    let on_postgres = room_events("on-postgres", 10, 2);
+    let on_maria = room_events("on-maria", 10, 2);
+    seed(&postgres, &on_postgres).await;
+    seed(&maria, &on_maria).await;
+
+    let mut maria_url = url::Url::parse(&maria.url).unwrap();
+    maria_url.set_username(&user).unwrap();
+    maria_url.set_password(None).unwrap();
+    let settings = test_settings(&postgres, &broker, |settings| {
+        settings.log.level = "debug".into();
+        settings.relay.startup_timeout = "10s".into();
+        settings.outboxes = vec![
+            OutboxSettings {
+                name: "rooms".into(),
+                table: postgres.table.as_str().into(),
+                ..OutboxSettings::default()
+            },
+            OutboxSettings {
+                name: "orders".into(),
+                table: maria.table.as_str().into(),
+                database_url: maria_url.to_string(),
+                ..OutboxSettings::default()
+            },
+        ];
+    });
+    let file = SettingsFile::write(&settings);
+    let relay = file.spawn_with_env(
+        crate::RELAY,
+        "second-database",
+        &[
+            // PostgreSQL trusts local connections, so this password is accepted and
+            // ignored there; put into the MariaDB URL, it would be refused.
+            ("OUTBOX_RELAY__DATABASE__PASSWORD", PG_PASSWORD),
+            (
+                "OUTBOX_RELAY__OUTBOXES__ORDERS__DATABASE_PASSWORD",
+                MARIA_PASSWORD,
+            ),
+        ],
+    );
+    postgres.wait_all_published(DEADLINE).await;
+    maria.wait_all_published(DEADLINE).await;
+    let log = relay.log_text();
+    relay.stop(Duration::from_secs(10)).await;
+    for password in [PG_PASSWORD, MARIA_PASSWORD] {
+        assert!(!log.contains(password), "{password}: {log}");
+    }
+
+    // By position too; a position with no entry is refused, naming the variable.
+    let output = Command::new(crate::RELAY)
+        .arg("--config")
+        .arg(&file.path)
+        .arg("check-config")
+        .env(
+            "OUTBOX_RELAY__OUTBOXES__1__DATABASE_PASSWORD",
+            MARIA_PASSWORD,
+        )
+        .env(
+            "OUTBOX_RELAY__OUTBOXES__2__DATABASE_PASSWORD",
+            MARIA_PASSWORD,
+        )
+        .output()
+        .unwrap();
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("environment variable OUTBOX_RELAY__OUTBOXES__2__DATABASE_PASSWORD: names no [[outboxes]] entry")
+            && text.contains("0 (rooms), 1 (orders)"),
+        "{text}"
+    );
+    assert!(!text.contains(MARIA_PASSWORD), "{text}");
+
+    for host in ["%", "localhost", "127.0.0.1"] {
+        maria.execute(&format!("DROP USER '{user}'@'{host}'")).await;
+    }
+    broker.close().await;
+    postgres.drop_table().await;
+    maria.drop_table().await;
 }

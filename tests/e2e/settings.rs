@@ -1,11 +1,13 @@
 //! The binary's answers to bad and overridden settings (`docs/design.md#settings`).
 
-use outbox_tests::output::stderr;
+use outbox_tests::output::{stderr, stdout};
 use std::process::{Command, Output};
 
+/// Runs the binary on a settings file holding `config` (after a comment: an empty file is
+/// refused).
 fn relay(config: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
     let file = std::env::temp_dir().join(outbox_tests::unique_name("settings") + ".toml");
-    std::fs::write(&file, config).unwrap();
+    std::fs::write(&file, format!("# settings under test\n{config}")).unwrap();
     let output = Command::new(crate::RELAY)
         .arg("--config")
         .arg(&file)
@@ -116,4 +118,133 @@ fn every_bad_value_is_reported_in_one_run() {
         );
     }
     assert!(text.contains("\"per_room\" or \"none\""), "{text}");
+}
+
+#[test]
+fn a_directory_or_an_empty_file_as_the_config_exits_2_naming_the_path() {
+    let directory = std::env::temp_dir().join(outbox_tests::unique_name("config-dir"));
+    std::fs::create_dir(&directory).unwrap();
+    std::fs::write(directory.join("outbox-relay.toml"), "[relay]\n").unwrap();
+    let empty = std::env::temp_dir().join(outbox_tests::unique_name("empty") + ".toml");
+    std::fs::write(&empty, "").unwrap();
+    for (path, why) in [
+        (&directory, "is a directory, not a settings file"),
+        (&empty, "is empty"),
+    ] {
+        for command in ["check-config", "run"] {
+            // Run in the temporary directory: nothing may be created there either.
+            let output = Command::new(crate::RELAY)
+                .arg("--config")
+                .arg(path)
+                .arg(command)
+                .current_dir(&directory)
+                .output()
+                .unwrap();
+            let text = stderr(&output);
+            assert_eq!(output.status.code(), Some(2), "{command}: {text}");
+            assert!(
+                text.contains(&format!("config file {} {why}", path.display())),
+                "{text}"
+            );
+        }
+        let output = Command::new(crate::RELAY)
+            .arg("check-config")
+            .env("OUTBOX_RELAY_CONFIG", path)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    }
+    assert!(
+        !directory.join("outbox-relay.db").exists(),
+        "run did not start on the defaults"
+    );
+    let _ = std::fs::remove_dir_all(directory);
+    let _ = std::fs::remove_file(empty);
+}
+
+#[test]
+fn a_log_level_that_would_silence_the_relay_exits_2_naming_the_levels() {
+    for level in ["warning", "debugg"] {
+        let output = relay(&format!("[log]\nlevel = {level:?}\n"), &[], &["run"]);
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{text}");
+        assert!(
+            text.contains(&format!("log.level = {level:?} is invalid"))
+                && text.contains("trace, debug, info, warn, error or off"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn a_number_for_a_duration_and_four_more_bad_durations_are_all_reported() {
+    let output = relay(
+        "[relay]\nlease = 30\npoll_interval = 5\npublish_timeout = \"soon\"\n\
+         shutdown_timeout = 10\nretry_max_interval = \"forever\"\n",
+        &[],
+        &["check-config"],
+    );
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    for line in [
+        "relay.lease = 30 is invalid: a duration such as \"30s\"",
+        "relay.poll_interval = 5 is invalid: a duration such as \"30s\"",
+        "relay.publish_timeout = \"soon\" is invalid: a duration such as \"30s\"",
+        "relay.shutdown_timeout = 10 is invalid: a duration such as \"30s\"",
+        "relay.retry_max_interval = \"forever\" is invalid: a duration such as \"30s\"",
+    ] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
+    assert_eq!(text.lines().count(), 5, "{text}");
+}
+
+#[test]
+fn a_node_id_of_digits_from_the_environment_is_text() {
+    let output = relay(
+        "[database]\nurl = \"sqlite::memory:\"\n",
+        &[("OUTBOX_RELAY__RELAY__NODE_ID", "7")],
+        &["check-config"],
+    );
+    let text = stdout(&output);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(text.contains("node_id = \"7\""), "{text}");
+}
+
+#[test]
+fn check_config_names_the_node_id_of_run_not_its_own() {
+    let output = relay(
+        "[database]\nurl = \"sqlite::memory:\"\n",
+        &[],
+        &["check-config"],
+    );
+    let text = stdout(&output);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(text.contains("-<pid of run>\""), "{text}");
+}
+
+#[test]
+fn with_json_logs_the_final_error_is_one_json_line() {
+    let output = relay(
+        "[log]\nformat = \"json\"\n[relay]\nlease = 30\n",
+        &[],
+        &["check-config"],
+    );
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let line: serde_json::Value = serde_json::from_str(text.trim()).expect("a JSON line");
+    assert_eq!(line["level"], "ERROR");
+    assert!(
+        line["error"]
+            .as_str()
+            .is_some_and(|error| error.starts_with("relay.lease = 30 is invalid")),
+        "{line}"
+    );
+    let output = relay("[relay]\nlease = 30\n", &[], &["check-config"]);
+    let text = stderr(&output);
+    assert_eq!(text.lines().count(), 1, "one plain line: {text}");
+    assert!(
+        text.starts_with("error: invalid configuration: relay.lease = 30"),
+        "{text}"
+    );
 }

@@ -420,3 +420,36 @@ async fn migrate_waits_for_the_database_and_status_does_not() {
     let _ = std::fs::remove_file(&log);
     app.teardown().await;
 }
+
+#[actix_rt::test]
+async fn with_nothing_listening_status_and_migrate_say_connection_refused_once_at_once() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let app = TestApp::on(Backend::Postgres).build().await;
+    let settings = app.settings_with(|settings| {
+        settings.database.url = format!("postgres://postgres@127.0.0.1:{port}/test");
+    });
+    for args in [&["status"][..], &["migrate", "--wait", "0s"]] {
+        let started = Instant::now();
+        let output = run_binary(crate::RELAY, &settings, args);
+        let took = started.elapsed();
+        let stderr = outbox_tests::output::stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(took < Duration::from_secs(2), "{args:?}: took {took:?}");
+        let said: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(said.len(), 1, "{args:?}: one error: {stderr}");
+        assert_eq!(
+            said[0].matches("connection refused").count(),
+            1,
+            "{args:?}: says it once: {stderr}"
+        );
+        assert!(
+            said[0].contains(&format!("127.0.0.1:{port}/test")),
+            "{args:?}: names where: {stderr}"
+        );
+        assert!(!stderr.contains("pool timed out"), "{args:?}: {stderr}");
+    }
+    app.teardown().await;
+}

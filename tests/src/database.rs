@@ -94,6 +94,20 @@ impl TestDatabase {
         .await;
     }
 
+    /// Waits until exactly `count` rows are `dead`.
+    pub async fn wait_dead(&self, count: usize, deadline: std::time::Duration) {
+        let what = format!("{count} dead events");
+        crate::eventually(&what, deadline, || async {
+            self.rows()
+                .await
+                .iter()
+                .filter(|row| row.status == "dead")
+                .count()
+                == count
+        })
+        .await;
+    }
+
     /// The row of `event_id`.
     pub async fn row(&self, event_id: &str) -> OutboxRow {
         self.rows()

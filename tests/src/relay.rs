@@ -99,6 +99,14 @@ impl SettingsFile {
     pub fn spawn(&self, binary: &str, name: &str) -> RelayProcess {
         RelayProcess::start(binary, &self.path, &[], name)
     }
+
+    /// Starts `binary run` with this file and `env` (secrets, `OUTBOX_RELAY__…` overrides).
+    pub fn spawn_with_env(&self, binary: &str, name: &str, env: &[(&str, &str)]) -> RelayProcess {
+        let env: Vec<(String, String)> = (env.iter())
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect();
+        RelayProcess::start(binary, &self.path, &env, name)
+    }
 }
 
 impl Drop for SettingsFile {

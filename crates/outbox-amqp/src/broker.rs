@@ -16,7 +16,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 /// A failure to set up the broker side.
 #[derive(Debug, Error)]
@@ -24,7 +24,7 @@ pub enum AmqpError {
     /// The connection could not be opened.
     #[error("cannot connect to RabbitMQ at {url}: {cause}")]
     Connect {
-        /// The URL, password redacted.
+        /// The entry of `amqp.url` and its URL, password redacted ([`entry`]).
         url: String,
         /// lapin's error. Not a `source`: lapin's message already ends with its own cause
         /// (`IO error: invalid peer certificate: UnknownIssuer`), so the cause chain would
@@ -47,7 +47,7 @@ pub enum AmqpError {
     /// The connection did not open in time.
     #[error("cannot connect to RabbitMQ at {url}: no answer within {after:?}")]
     ConnectTimeout {
-        /// The URL, password redacted.
+        /// The entry of `amqp.url` and its URL, password redacted ([`entry`]).
         url: String,
         /// How long we waited.
         after: Duration,
@@ -295,24 +295,26 @@ impl Broker {
 
 /// One connection round: tries the brokers in `rotation`'s order until one connects and
 /// takes the topology. A broker that cannot be reached (refused, reset, timed out,
-/// refused the login) gives way to the next; any other failure (an exchange declared with
-/// another type) would be the same on every node of a cluster, and ends the round. Fails
-/// with the last broker's error when none connects.
+/// refused the login) gives way to the next, with a `warn` naming it; any other failure
+/// (an exchange declared with another type) would be the same on every node of a
+/// cluster, and ends the round. Fails with the last broker's error when none connects.
 async fn open_any<'a>(
     settings: &'a AmqpSettings,
     rotation: &mut Rotation,
 ) -> Result<(Connection, &'a BrokerUrl), AmqpError> {
     let mut last = None;
-    for index in rotation.round() {
+    let mut tried = rotation.round().peekable();
+    while let Some(index) = tried.next() {
         let broker = &settings.brokers[index];
-        match open(settings, broker).await {
+        match open(settings, index, settings.declare_exchange).await {
             Ok(connection) => {
                 rotation.connected(index);
                 return Ok((connection, broker));
             }
             Err(error @ (AmqpError::Connect { .. } | AmqpError::ConnectTimeout { .. })) => {
-                if settings.brokers.len() > 1 {
-                    debug!(%error, "broker not reachable; trying the next of amqp.url");
+                // The error names the entry; the last one is the caller's to report.
+                if tried.peek().is_some() {
+                    warn!(%error, "broker not usable; trying the next of amqp.url");
                 }
                 last = Some(error);
             }
@@ -322,8 +324,24 @@ async fn open_any<'a>(
     Err(last.expect("amqp.url names at least one broker"))
 }
 
-/// Opens a connection to `broker` and declares the topology.
-async fn open(settings: &AmqpSettings, broker: &BrokerUrl) -> Result<Connection, AmqpError> {
+/// Entry `index` of `amqp.url` as messages name it: `amqp.url[1] (amqp://guest:***@mq2:5672/%2f)`,
+/// or `amqp.url (…)` when it names one broker.
+pub fn entry(settings: &AmqpSettings, index: usize) -> String {
+    let redacted = &settings.brokers[index].redacted;
+    match settings.brokers.len() {
+        1 => format!("amqp.url ({redacted})"),
+        _ => format!("amqp.url[{index}] ({redacted})"),
+    }
+}
+
+/// Opens a connection to entry `index` of `amqp.url` and, when `declare`, declares the
+/// topology.
+pub(crate) async fn open(
+    settings: &AmqpSettings,
+    index: usize,
+    declare: bool,
+) -> Result<Connection, AmqpError> {
+    let broker = &settings.brokers[index];
     let properties = ConnectionProperties::default()
         .with_connection_name(format!("outbox-relay {}", settings.message.node_id).into());
     install_crypto_provider();
@@ -332,25 +350,23 @@ async fn open(settings: &AmqpSettings, broker: &BrokerUrl) -> Result<Connection,
         identity: None,
         cert_chain: settings.tls_ca_pem.clone(),
     };
+    let url = entry(settings, index);
     let runtime = lapin::runtime::default_runtime().map_err(|cause| AmqpError::Connect {
-        url: broker.redacted.clone(),
+        url: url.clone(),
         cause,
     })?;
     let connecting = Connection::connect_with_config(&broker.url, properties, tls, runtime);
     let connect_timeout = settings.publish_timeout.max(Duration::from_secs(1));
     let connection = match tokio::time::timeout(connect_timeout, connecting).await {
-        Ok(result) => result.map_err(|cause| AmqpError::Connect {
-            url: broker.redacted.clone(),
-            cause,
-        })?,
+        Ok(result) => result.map_err(|cause| AmqpError::Connect { url, cause })?,
         Err(_) => {
             return Err(AmqpError::ConnectTimeout {
-                url: broker.redacted.clone(),
+                url,
                 after: connect_timeout,
             })
         }
     };
-    if settings.declare_exchange {
+    if declare {
         declare_topology(&connection, settings).await?;
     }
     Ok(connection)
@@ -436,7 +452,11 @@ impl Link {
             }
             Err(error) => {
                 state.next_attempt = Instant::now() + state.backoff.next_delay();
-                if state.usable {
+                if refuses(&error) {
+                    // Not an outage that ends by itself: said at every attempt.
+                    state.usable = false;
+                    warn!(%error, "broker refuses the connection (credentials or vhost); trying again with backoff");
+                } else if state.usable {
                     state.usable = false;
                     warn!(%error, "broker unreachable; reconnecting with backoff");
                 }
@@ -495,6 +515,19 @@ impl Link {
             .await
             .map_err(AmqpError::Channel)?;
         Ok(channel)
+    }
+}
+
+/// Whether the broker answered and refused the connection: the login (`ACCESS_REFUSED`),
+/// the vhost (`NOT_ALLOWED`), or the authentication mechanism.
+fn refuses(error: &AmqpError) -> bool {
+    let AmqpError::Connect { cause, .. } = error else {
+        return false;
+    };
+    match cause.kind() {
+        lapin::ErrorKind::ProtocolError(error) => matches!(error.get_id(), 403 | 530),
+        lapin::ErrorKind::AuthProviderError(_) => true,
+        _ => false,
     }
 }
 

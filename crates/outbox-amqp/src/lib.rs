@@ -7,6 +7,8 @@
 //!   and their timeout stands still meanwhile.
 //! - `handoff`: how many body bytes may wait in lapin to be written (a large body goes
 //!   alone, so it is not held twice for every record in flight).
+//! - [`preflight`]: what `check-config` asks of each broker (login, vhost, exchanges),
+//!   creating nothing.
 //! - [`message`]: how an [`outbox_core::OutboxRecord`] becomes an AMQP message.
 //! - [`publisher`]: [`AmqpPublisher`], the [`outbox_core::EventPublisher`] port on one
 //!   confirm channel.
@@ -17,6 +19,7 @@ pub mod broker;
 pub mod cluster;
 mod handoff;
 pub mod message;
+pub mod preflight;
 pub mod publisher;
 pub mod span;
 pub mod tap;

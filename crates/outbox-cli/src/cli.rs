@@ -68,14 +68,18 @@ pub enum Command {
     /// indexes, its own columns and rows untouched. Use it from a deployment when
     /// database.migrate_on_start is false.
     Migrate(MigrateArgs),
-    /// Validate the settings and print the effective values (secrets redacted).
+    /// Validate the settings, print the effective values (secrets redacted), and ask the
+    /// databases and brokers what `run` would.
     ///
     /// Loads the defaults, the file and the OUTBOX_RELAY__ variables, validates them as
     /// `run` would, and prints the result as TOML, passwords shown as ***, then each
-    /// outbox. Then connects to each outbox's database where it can and checks the column
-    /// mapping against its table (a database it cannot reach is a warning). Exit code 2
-    /// with a message naming the key, or the outbox and column, when a setting is wrong.
-    CheckConfig,
+    /// outbox. Then connects to each outbox's database (checking the role's privileges and
+    /// the column mapping against its table) and to each broker of amqp.url (login, vhost,
+    /// and the type of each exchange that exists), creating nothing. Exit code 2 naming the
+    /// outbox or broker, the setting and the reason when a setting is wrong or a database
+    /// or broker refuses it; one that cannot be reached is a `# warning:` (exit code 0), so
+    /// it can run before the services are up.
+    CheckConfig(CheckConfigArgs),
     /// Show counts by status, the oldest pending age, the rows claimed per node and the
     /// table's size on disk.
     Status(StatusArgs),
@@ -98,6 +102,14 @@ pub enum Command {
     /// 1,000 (one short DELETE each), so it is safe while relays run. Pending rows are
     /// never deleted; dead rows only with --dead. --dry-run counts instead of deleting.
     Purge(PurgeArgs),
+}
+
+/// `check-config` options.
+#[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    /// Check the settings only: contact no database and no broker.
+    #[arg(long)]
+    pub offline: bool,
 }
 
 /// `purge` options.

@@ -30,7 +30,7 @@ mod changelog;
 
 use clap::{CommandFactory as _, FromArgMatches as _};
 use cli::Cli;
-use settings::Settings;
+use settings::{Config, LogFormat};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -69,14 +69,12 @@ pub fn main() -> ExitCode {
         );
         return ExitCode::from(EXIT_CONFIG);
     }
-    let config = match Settings::load(&path, required)
-        .map_err(|error| vec![error])
-        .and_then(Settings::validate)
-    {
+    let config = match Config::load(&path, required) {
         Ok(config) => config,
-        Err(errors) => {
-            for error in errors {
-                eprintln!("error: invalid configuration: {error}");
+        Err(rejected) => {
+            let json = rejected.log_format == Some(LogFormat::Json);
+            for error in rejected.errors {
+                final_error(json, Ending::InvalidConfiguration, &error.to_string());
             }
             return ExitCode::from(EXIT_CONFIG);
         }
@@ -86,6 +84,7 @@ pub fn main() -> ExitCode {
         tracing::warn!("{warning}");
     }
     let secrets = config.secrets.clone();
+    let json = config.log.format == LogFormat::Json;
     let system = actix_rt::System::new();
     match system.block_on(commands::dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -95,16 +94,58 @@ pub fn main() -> ExitCode {
         // unknown database or vhost, a certificate, an exchange of another type).
         Err(error) if dependency::classify(&error) == dependency::Verdict::Refused => {
             let error = secrets.scrub(&format!("{error:#}"));
-            tracing::error!(%error, "outbox-relay cannot run with these settings");
-            eprintln!("error: {error}");
+            final_error(json, Ending::Refused, &error);
             ExitCode::from(EXIT_CONFIG)
         }
         Err(error) => {
             // Our messages carry redacted URLs only; a library's may echo more.
             let error = secrets.scrub(&format!("{error:#}"));
-            tracing::error!(%error, "outbox-relay failed");
-            eprintln!("error: {error}");
+            final_error(json, Ending::Failed, &error);
             ExitCode::from(EXIT_FAILURE)
         }
     }
+}
+
+/// What ended the process.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    /// A setting cannot be used (before anything connects).
+    InvalidConfiguration,
+    /// A database or broker refused the settings.
+    Refused,
+    /// Anything else.
+    Failed,
+}
+
+impl Ending {
+    /// The message of its JSON line.
+    fn message(self) -> &'static str {
+        match self {
+            Self::InvalidConfiguration => "invalid configuration",
+            Self::Refused => "outbox-relay cannot run with these settings",
+            Self::Failed => "outbox-relay failed",
+        }
+    }
+}
+
+/// Prints the error that ends the process, once, on stderr: with JSON logs as one JSON
+/// line shaped as the log lines are (whatever `log.level` lets through), else as one plain
+/// `error: …` line (`error: invalid configuration: …` for a setting).
+fn final_error(json: bool, ending: Ending, error: &str) {
+    let message = ending.message();
+    if !json {
+        match ending {
+            Ending::InvalidConfiguration => eprintln!("error: {message}: {error}"),
+            Ending::Refused | Ending::Failed => eprintln!("error: {error}"),
+        }
+        return;
+    }
+    let line = serde_json::json!({
+        "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "level": "ERROR",
+        "message": message,
+        "error": error,
+        "target": "outbox_relay",
+    });
+    eprintln!("{line}");
 }

@@ -28,9 +28,11 @@ pub struct OpenOutbox {
     pub store: SeaOrmStore,
 }
 
-/// Opens every outbox ([`open_selected`] with no selector).
+/// Opens every outbox for relaying ([`open_selected`] with no selector), and checks
+/// first that the role has the privileges the relay needs on each table
+/// ([`check_privileges`]): a missing one is a [`ConfigProblem`] naming it.
 pub async fn open_outboxes(config: &Config, migrate: bool) -> anyhow::Result<Vec<OpenOutbox>> {
-    open_selected(config, None, migrate).await
+    open_checked(config, None, migrate, true).await
 }
 
 /// Opens the outboxes `selector` names (`--outbox`; `None`: every one): one pool per
@@ -42,6 +44,15 @@ pub async fn open_selected(
     selector: Option<&str>,
     migrate: bool,
 ) -> anyhow::Result<Vec<OpenOutbox>> {
+    open_checked(config, selector, migrate, false).await
+}
+
+async fn open_checked(
+    config: &Config,
+    selector: Option<&str>,
+    migrate: bool,
+    privileges: bool,
+) -> anyhow::Result<Vec<OpenOutbox>> {
     let mut opened = open_unchecked(config, selector).await?;
     for outbox in &mut opened {
         if migrate {
@@ -49,9 +60,57 @@ pub async fn open_selected(
                 info!(outbox = %outbox.config.name, migration = name, table = %outbox.config.table, "migration applied");
             }
         }
-        check_columns(&outbox.config.name, &mut outbox.store).await?;
+        // Before the columns: a role that may not read the table would see none of them.
+        if privileges {
+            check_privileges(config, outbox).await?;
+        }
+        check_columns(&outbox.config.name, &mut outbox.store)
+            .await
+            .map_err(|error| unmigrated_hint(error, config.database.migrate_on_start))?;
     }
     Ok(opened)
+}
+
+/// A missing table's error, with the setting that would create it when it is off.
+fn unmigrated_hint(error: anyhow::Error, migrate_on_start: bool) -> anyhow::Error {
+    let missing = matches!(
+        error.downcast_ref::<outbox_store::Error>(),
+        Some(outbox_store::Error::NoTable(_) | outbox_store::Error::NotMigrated { .. })
+    );
+    match missing && !migrate_on_start {
+        // A message of its own: the kind of error (fatal) stays the same.
+        true => anyhow::anyhow!(
+            "{error:#}; or set database.migrate_on_start = true for `run` to migrate it"
+        ),
+        false => error,
+    }
+}
+
+/// Whether the role may do to the outbox's tables what `run` does
+/// ([`outbox_store::missing_privileges`]; deleting only with `relay.retention`): each
+/// privilege missing is named with its `GRANT`, as one [`ConfigProblem`].
+pub async fn check_privileges(config: &Config, outbox: &OpenOutbox) -> anyhow::Result<()> {
+    let name = &outbox.config.name;
+    let retention = outbox
+        .config
+        .relay_options(&config.relay)
+        .retention
+        .is_some();
+    let missing = outbox_store::missing_privileges(
+        outbox.store.connection(),
+        outbox.store.table(),
+        retention,
+    )
+    .await
+    .with_context(|| format!("outbox {name}: cannot read the role's privileges"))?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = missing
+        .iter()
+        .map(|missing| format!("outbox {name}: {missing}"))
+        .collect();
+    Err(ConfigProblem(lines.join("\n")).into())
 }
 
 /// The outboxes `selector` names, connected (one pool per distinct URL) but their tables
@@ -111,11 +170,39 @@ pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<SeaOrm
 }
 
 /// Creates or upgrades the store's table for its mapping; returns the migrations applied
-/// now.
+/// now. A database that refuses (a role without the privileges to create or alter the
+/// table) is a [`ConfigProblem`] saying who may migrate.
 pub async fn migrate_table(store: &SeaOrmStore) -> anyhow::Result<Vec<&'static str>> {
-    outbox_store::migrate_columns(store.connection(), store.table(), store.columns())
-        .await
-        .with_context(|| format!("cannot migrate table {}", store.table()))
+    let table = store.table();
+    // Nothing to apply (read first, as `migrate --dry-run` does): nothing to lock or
+    // create either, so a role that may only read and write rows starts with
+    // `database.migrate_on_start` on a table its owner migrated. A plan that fails says
+    // nothing; migrating reports the problem.
+    let planned = outbox_store::plan(store.connection(), table, store.columns()).await;
+    if planned.is_ok_and(|steps| steps.is_empty()) {
+        return Ok(Vec::new());
+    }
+    let error =
+        match outbox_store::migrate_columns(store.connection(), table, store.columns()).await {
+            Ok(applied) => return Ok(applied),
+            Err(error) => error,
+        };
+    // The server's message once, not at every layer of the driver's chain.
+    let text = match &error {
+        outbox_store::Error::Database(cause) => outbox_store::error::describe(cause),
+        other => other.to_string(),
+    };
+    let error = anyhow::Error::new(error);
+    if crate::dependency::classify(&error) != crate::dependency::Verdict::Refused {
+        return Err(error.context(format!("cannot migrate table {table}")));
+    }
+    Err(ConfigProblem(format!(
+        "cannot migrate table {table}: {text}; migrating needs a role that may create and \
+         alter the table (on PostgreSQL its owner): run `outbox-relay migrate` as that role, \
+         and set database.migrate_on_start = false for a role that only relays \
+         (docs/operations.md#database-privileges)"
+    ))
+    .into())
 }
 
 /// Connects to RabbitMQ and declares every outbox's exchanges.

@@ -18,6 +18,15 @@ pub fn init(log: &LogConfig, secrets: &Secrets) {
         if let Ok(quiet) = "lapin::returned_messages=error".parse() {
             filter = filter.add_directive(quiet);
         }
+        // It logs every failed connect and closed channel at error (`Exponential backoff
+        // attempts exhausted, aborting recovery`, `Connection closed … ACCESS_REFUSED`, a
+        // passive check's NOT_FOUND); the relay reports each failure itself, naming the
+        // entry of amqp.url or the exchange, at the level it deserves.
+        for target in ["lapin::io_loop", "lapin::channel", "lapin::channels"] {
+            if let Ok(quiet) = format!("{target}=off").parse() {
+                filter = filter.add_directive(quiet);
+            }
+        }
     }
     // actix-server (under the metrics endpoint) announces its worker and accept threads at
     // info on every start and stop; the endpoint logs its own address once.

@@ -22,9 +22,9 @@ pub enum Error {
         /// How long this runner waited.
         seconds: u32,
     },
-    /// The outbox table does not exist (not migrated yet).
+    /// The outbox table does not exist (not migrated yet), or the role may not see it.
     #[error(
-        "table {0} does not exist; run `outbox-relay migrate` (or set database.migrate_on_start)"
+        "table {0} does not exist, or the role may not see it; run `outbox-relay migrate` (as the table's owner), or check the table's name and the role's privileges"
     )]
     NoTable(TableName),
     /// The table lacks some of the relay's bookkeeping columns: it is a producer's table
@@ -56,7 +56,18 @@ pub enum Error {
         /// Each wrong setting.
         problems: Vec<MappingError>,
     },
-    /// The database refused or failed a connection or a statement (the driver's message).
+    /// No connection could be opened: what happened, said once (refused, reset, timed
+    /// out, a name that does not resolve, or the server's own message such as a refused
+    /// password), not the driver's nested copies of it.
+    #[error("{reason}")]
+    Connect {
+        /// What happened.
+        reason: String,
+        /// The driver's error, for telling a retry from a refusal. Not a `source`: its
+        /// text is `reason` again, several times over.
+        cause: DbErr,
+    },
+    /// The database refused or failed a statement (the driver's message).
     #[error(transparent)]
     Database(#[from] DbErr),
 }
@@ -66,8 +77,87 @@ pub enum Error {
 impl From<Error> for DbErr {
     fn from(error: Error) -> Self {
         match error {
-            Error::Database(error) => error,
+            Error::Database(error) | Error::Connect { cause: error, .. } => error,
             other => DbErr::Custom(other.to_string()),
         }
+    }
+}
+
+/// What went wrong opening a connection or running a statement, in a few words and
+/// once: the I/O failure by name, or the server's message with its code (where the
+/// error's own chain of causes repeats the server's message at every layer).
+pub fn describe(error: &DbErr) -> String {
+    use sea_orm::sqlx::Error as Sqlx;
+    use sea_orm::{ConnAcquireErr, RuntimeErr};
+    let sqlx = match error {
+        DbErr::Conn(RuntimeErr::SqlxError(error))
+        | DbErr::Exec(RuntimeErr::SqlxError(error))
+        | DbErr::Query(RuntimeErr::SqlxError(error)) => error,
+        DbErr::ConnectionAcquire(ConnAcquireErr::Timeout) => &Sqlx::PoolTimedOut,
+        other => return other.to_string(),
+    };
+    match sqlx {
+        Sqlx::Io(error) => io_reason(error),
+        Sqlx::Database(error) => match error.code() {
+            Some(code) => format!("{} (code {code})", error.message()),
+            None => error.message().to_owned(),
+        },
+        Sqlx::PoolTimedOut => {
+            "no connection within the connect timeout (the server does not answer)".into()
+        }
+        Sqlx::Tls(error) => format!("TLS failed: {error}"),
+        other => other.to_string(),
+    }
+}
+
+/// An I/O failure by name: "connection refused", "connection reset", "timed out", "the
+/// host name does not resolve (DNS)", with the system's text.
+fn io_reason(error: &std::io::Error) -> String {
+    use std::io::ErrorKind::*;
+    let what = match error.kind() {
+        ConnectionRefused => "connection refused: nothing listens at that address and port",
+        ConnectionReset | ConnectionAborted => "connection reset by the server",
+        UnexpectedEof => "the server closed the connection",
+        TimedOut => "timed out",
+        HostUnreachable | NetworkUnreachable => "host or network unreachable",
+        // The standard library's resolver reports every failure with this text.
+        _ if error.to_string().contains("lookup address") => {
+            return format!("the host name does not resolve (DNS): {error}")
+        }
+        _ => return error.to_string(),
+    };
+    match error.raw_os_error() {
+        Some(code) => format!("{what} (os error {code})"),
+        None => format!("{what}: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sea_orm::sqlx;
+    use sea_orm::RuntimeErr;
+
+    fn connect(error: sqlx::Error) -> DbErr {
+        DbErr::Conn(RuntimeErr::SqlxError(error))
+    }
+
+    #[test]
+    fn a_failed_connection_says_what_happened_once() {
+        let refused = connect(sqlx::Error::Io(std::io::Error::from_raw_os_error(111)));
+        assert_eq!(
+            describe(&refused),
+            "connection refused: nothing listens at that address and port (os error 111)"
+        );
+        let dns = std::io::Error::other(
+            "failed to lookup address information: Name or service not known",
+        );
+        let said = describe(&connect(sqlx::Error::Io(dns)));
+        assert!(
+            said.starts_with("the host name does not resolve (DNS)"),
+            "{said}"
+        );
+        let said = describe(&connect(sqlx::Error::PoolTimedOut));
+        assert!(!said.contains("pool"), "{said}");
     }
 }

@@ -27,6 +27,7 @@
 //!   the first claim, after full claims, at once after a slow one, and after a claim
 //!   cancelled at its 1 s timeout; a planner that expects fewer pending rows than a claim
 //!   takes gets the `status` column analyzed).
+//! - [`privileges`]: whether the connected role may do what the relay does to its tables.
 //! - [`retention`]: deleting finished rows in bounded batches (the Janitor, `purge`).
 //! - [`row`]: rows as statements read them.
 //! - `shape.rs`: a table's columns and types as the database describes them; `reads.rs`:
@@ -44,6 +45,7 @@ mod mark;
 pub mod migration;
 mod planner;
 mod pool;
+pub mod privileges;
 pub mod producer;
 mod reads;
 pub mod retention;
@@ -61,6 +63,7 @@ pub use columns::{
 pub use connection_url::connection_url;
 pub use error::Error;
 pub use migration::{migrate, migrate_columns, plan, PlannedStep};
+pub use privileges::{missing_privileges, MissingPrivilege};
 pub use producer::{enqueue, insert_events, NewEvent};
 pub use row::OutboxRow;
 pub use sql::{TableName, TableNameError};

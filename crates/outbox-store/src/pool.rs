@@ -14,7 +14,7 @@
 //! acquire instead of being used.
 
 use crate::failover::{Failover, Server};
-use sea_orm::sqlx::{self, Connection as _};
+use sea_orm::sqlx::{self, ConnectOptions as _, Connection as _};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr, RuntimeErr};
 
 /// A pool opened with `options` on `hosts` (the URLs sqlx is given, one per host: see
@@ -51,6 +51,10 @@ async fn shrinking<DB: Server>(
             crate::hosts::options::<DB>(options.get_url(), log_statements).map_err(refused)?,
         ),
     };
+    if hosts.len() < 2 {
+        // Several hosts were each connected to by the search above.
+        probe::<DB>(&connect, options.get_connect_timeout()).await?;
+    }
     let failover = Failover::new(DB::describe(&connect), hosts, current, log_statements);
     let (checked, fresh) = (failover.clone(), failover.clone());
     let pool = options
@@ -95,6 +99,29 @@ async fn shrinking<DB: Server>(
             Ok(pool)
         }
         Err(error) => Err(refused(error)),
+    }
+}
+
+/// One connection, opened and closed: the pool retries a refused connection by itself
+/// until its connect timeout and then says only "pool timed out", where this says
+/// "connection refused" at once (and a reset, a DNS failure or the server's refusal as
+/// they are).
+async fn probe<DB: sqlx::Database>(
+    connect: &<DB::Connection as sqlx::Connection>::Options,
+    timeout: Option<std::time::Duration>,
+) -> Result<(), DbErr> {
+    let timeout = timeout.unwrap_or(std::time::Duration::from_secs(5));
+    match tokio::time::timeout(timeout, connect.connect()).await {
+        Ok(Ok(connection)) => {
+            // A close that fails leaves nothing behind that the pool would use.
+            let _ = connection.close().await;
+            Ok(())
+        }
+        Ok(Err(error)) => Err(refused(error)),
+        Err(_) => Err(refused(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {timeout:?}"),
+        )))),
     }
 }
 

@@ -83,7 +83,12 @@ pub async fn connect_with(url: &str, pool: &PoolSettings) -> Result<DatabaseConn
     if let Some(idle) = pool.idle_timeout {
         options.idle_timeout(idle);
     }
-    let db = crate::pool::open(options, hosts).await?;
+    let db = crate::pool::open(options, hosts)
+        .await
+        .map_err(|cause| Error::Connect {
+            reason: crate::error::describe(&cause),
+            cause,
+        })?;
     if let Some(setup) = Dialect::of(&db).database_setup() {
         db.execute_unprepared(setup).await?;
     }

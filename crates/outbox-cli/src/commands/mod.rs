@@ -42,7 +42,7 @@ pub async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
         Command::Run => run::run(config).await,
         Command::Migrate(args) => migrate::migrate(config, args).await,
-        Command::CheckConfig => check_config::check_config(&config).await,
+        Command::CheckConfig(args) => check_config::check_config(&config, args).await,
         Command::Status(args) => status::status(config, args).await,
         Command::Dead(command) => dead::dead(config, command).await,
         Command::Demo(args) => demo::demo(config, args).await,

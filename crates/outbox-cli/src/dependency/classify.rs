@@ -64,7 +64,8 @@ fn cause(cause: &(dyn StdError + 'static)) -> Option<Verdict> {
 
 fn store_error(error: &outbox_store::Error) -> Verdict {
     match error {
-        outbox_store::Error::Database(error) => db_err(error),
+        outbox_store::Error::Database(error)
+        | outbox_store::Error::Connect { cause: error, .. } => db_err(error),
         outbox_store::Error::InvalidUrl
         | outbox_store::Error::Mapping { .. }
         | outbox_store::Error::Unreadable { .. } => Verdict::Refused,

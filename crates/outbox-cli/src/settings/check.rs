@@ -6,7 +6,7 @@ use super::ConfigError;
 use std::time::Duration;
 
 /// What a duration setting accepts.
-const DURATION: &str = "a duration such as \"250ms\", \"3s\" or \"5m\"";
+const DURATION: &str = "a duration such as \"30s\", \"250ms\" or \"5m\"";
 
 /// What validation has found so far.
 #[derive(Default)]
@@ -69,6 +69,14 @@ impl Section<'_> {
     ) -> Option<T> {
         match field.parsed() {
             Ok(value) => Some(value.clone()),
+            Err(expected) if field.is_bare() => {
+                let error = ConfigError::Mistyped {
+                    key: self.key(key),
+                    written: field.text().to_owned(),
+                    accepted: accepted.unwrap_or(expected).to_owned(),
+                };
+                self.take(Err(error))
+            }
             Err(expected) => self.reject(key, field.text(), accepted.unwrap_or(expected)),
         }
     }

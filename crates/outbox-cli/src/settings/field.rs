@@ -17,6 +17,9 @@ pub struct Field<T> {
     text: String,
     /// The trimmed text through `T`'s `Deserialize`, or what would have been accepted.
     parsed: Result<T, String>,
+    /// Written as a bare number or boolean rather than as text (`lease = 30`), so that a
+    /// message shows it as written.
+    bare: bool,
 }
 
 impl<T: DeserializeOwned> Field<T> {
@@ -25,7 +28,11 @@ impl<T: DeserializeOwned> Field<T> {
         let text = text.into();
         let parsed = T::deserialize(StrDeserializer::<Accepted>::new(text.trim()))
             .map_err(|Accepted(accepted)| accepted);
-        Self { text, parsed }
+        Self {
+            text,
+            parsed,
+            bare: false,
+        }
     }
 }
 
@@ -38,6 +45,11 @@ impl<T> Field<T> {
     /// Nothing but blanks was written (several settings give that a meaning of its own).
     pub fn is_blank(&self) -> bool {
         self.text.trim().is_empty()
+    }
+
+    /// Written as a bare number or boolean (`lease = 30`) rather than as text.
+    pub fn is_bare(&self) -> bool {
+        self.bare
     }
 
     /// The value, or what would have been accepted, in serde's words (an enum's variants).
@@ -71,9 +83,50 @@ impl<T> Serialize for Field<T> {
 }
 
 impl<'de, T: DeserializeOwned> Deserialize<'de> for Field<T> {
-    /// Only a value of another shape (a number, a table) fails here, as it would for a string.
+    /// Any text, number or boolean is kept (a bad one is reported by validation, with the
+    /// others); only a table or a list fails here.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer).map(Self::new)
+        deserializer.deserialize_any(Scalar(std::marker::PhantomData))
+    }
+}
+
+/// Reads a [`Field`] from any scalar.
+struct Scalar<T>(std::marker::PhantomData<T>);
+
+impl<T: DeserializeOwned> Scalar<T> {
+    fn bare<E>(text: String) -> Result<Field<T>, E> {
+        Ok(Field {
+            bare: true,
+            ..Field::new(text)
+        })
+    }
+}
+
+impl<T: DeserializeOwned> de::Visitor<'_> for Scalar<T> {
+    type Value = Field<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(Field::new(text))
+    }
+
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Self::Value, E> {
+        Self::bare(value.to_string())
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Self::Value, E> {
+        Self::bare(value.to_string())
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Self::Value, E> {
+        Self::bare(value.to_string())
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Self::Value, E> {
+        Self::bare(value.to_string())
     }
 }
 
@@ -156,8 +209,12 @@ mod tests {
         }
         let file: File = toml::from_str("every = \"soon\"").unwrap();
         assert_eq!(file.every.parsed(), Err("a duration"), "kept, not an error");
+        assert!(!file.every.is_bare());
         assert_eq!(toml::to_string(&file).unwrap(), "every = \"soon\"\n");
-        let error = toml::from_str::<File>("every = 5").err().unwrap();
+        let file: File = toml::from_str("every = 5").unwrap();
+        assert_eq!(file.every.parsed(), Err("a duration"), "kept, not an error");
+        assert!(file.every.is_bare() && file.every.text() == "5");
+        let error = toml::from_str::<File>("every = [5]").err().unwrap();
         assert!(error.to_string().contains("string"), "{error}");
     }
 }

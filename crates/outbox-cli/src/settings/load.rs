@@ -1,61 +1,292 @@
 //! The layers: built-in defaults ← TOML file ← `OUTBOX_RELAY__SECTION__KEY` variables.
 //!
-//! Loading only checks the shape (known keys, strings where strings go); the values are
-//! checked by validation, which can then report all of them at once.
+//! Loading checks the file (a readable, non-empty file of valid TOML) and the settings'
+//! shape (known keys, values of the right kind); the values are checked by validation.
+//! Every shape problem is reported: a key that does not fit is recorded and dropped (its
+//! default takes its place), and reading goes on, so one run names them all.
 
+use super::config::{Config, LogFormat};
+use super::environment::{self, Origins};
 use super::shape::Settings;
+use super::wording;
 use super::ConfigError;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::Serialized;
+use figment::value::{Dict, Value};
 use figment::Figment;
 use std::path::Path;
 
-/// Prefix of the environment overrides; sections and keys are separated by `__`.
-pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
+/// Settings that cannot be used: every problem found, and the log format they ask for
+/// (when it can be told), so that the problems are printed as the logs would be.
+#[derive(Debug, Clone)]
+pub struct Rejected {
+    /// Every problem, each naming the key (or the file, or the variable).
+    pub errors: Vec<ConfigError>,
+    /// `log.format`, when the settings name a valid one.
+    pub log_format: Option<LogFormat>,
+}
+
+/// The settings as read, with the problems of their shape.
+struct Loaded {
+    settings: Settings,
+    origins: Origins,
+    errors: Vec<ConfigError>,
+}
 
 impl Settings {
     /// Loads defaults ← `file` (when it exists, or always when `required`) ← environment.
-    pub fn load(file: &Path, required: bool) -> Result<Self, ConfigError> {
-        if required && !file.exists() {
-            return Err(ConfigError::Load(format!(
-                "config file {} does not exist",
-                file.display()
-            )));
+    /// Every problem of the file's shape and of the environment is returned at once.
+    pub fn load(file: &Path, required: bool) -> Result<Self, Vec<ConfigError>> {
+        let loaded = Loaded::read(file, required)?;
+        if loaded.errors.is_empty() {
+            Ok(loaded.settings)
+        } else {
+            Err(loaded.errors)
         }
-        Figment::from(Serialized::defaults(Settings::default()))
-            .merge(Toml::file(file))
-            .merge(Env::prefixed(ENV_PREFIX).split("__"))
-            .extract()
-            .map_err(|error| ConfigError::Load(load_error(error)))
     }
 }
 
-/// Figment's message names the key and where it came from; make the wording ours.
-fn load_error(error: figment::Error) -> String {
-    error
-        .into_iter()
-        .map(|error| {
-            let key = error.path.join(".");
-            let source = match error.metadata.as_ref() {
-                // Figment names only the prefix; the variable follows from the key.
-                Some(metadata) if metadata.name.contains("environment") => format!(
-                    " (from environment variable {ENV_PREFIX}{})",
-                    error.path.join("__").to_uppercase()
-                ),
-                Some(metadata) => match &metadata.source {
-                    Some(source) => format!(" (from {source})"),
-                    None => format!(" (from {})", metadata.name),
-                },
-                None => String::new(),
-            };
-            match &error.kind {
-                figment::error::Kind::UnknownField(field, expected) => format!(
-                    "unknown setting {key:?}{source}: {field:?} is not a key of [{}]; accepted keys: {}",
-                    error.path[..error.path.len().saturating_sub(1)].join("."),
-                    expected.join(", ")
-                ),
-                kind => format!("setting {key:?}{source}: {kind}"),
+impl Config {
+    /// [`Settings::load`], then [`Settings::validate`]: every problem of the shape and of
+    /// the values at once, each from the environment naming its variable.
+    pub fn load(file: &Path, required: bool) -> Result<Config, Rejected> {
+        let Loaded {
+            settings,
+            origins,
+            mut errors,
+        } = Loaded::read(file, required).map_err(|errors| Rejected {
+            errors,
+            log_format: None,
+        })?;
+        let log_format = settings.log.format.parsed().ok().copied();
+        // Read here, not in `validate`: the process's environment, like the variables.
+        errors.extend(super::validate::rust_log());
+        match settings.validate() {
+            Ok(config) if errors.is_empty() => Ok(config),
+            Ok(_) => Err(Rejected { errors, log_format }),
+            Err(invalid) => {
+                errors.extend(invalid.into_iter().map(|e| from_environment(e, &origins)));
+                Err(Rejected { errors, log_format })
             }
+        }
+    }
+}
+
+impl Loaded {
+    /// Reads the layers. Fails at once when the file cannot be used at all.
+    fn read(file: &Path, required: bool) -> Result<Self, Vec<ConfigError>> {
+        let mut dict = match read_file(file, required).map_err(|error| vec![error])? {
+            Some(text) => parse(file, &text).map_err(|error| vec![error])?,
+            None => Dict::new(),
+        };
+        let variables = environment::variables()?;
+        let mut errors = Vec::new();
+        let origins = environment::apply(&mut dict, &variables, &mut errors);
+        let settings = shape(dict, &origins, &mut errors);
+        Ok(Self {
+            settings,
+            origins,
+            errors,
         })
-        .collect::<Vec<_>>()
-        .join("\n")
+    }
+}
+
+/// The settings file's text; `None` when it is optional and absent. A directory, a file
+/// that cannot be read and an empty file are errors naming the path and why. `/dev/null`
+/// (not a regular file) is the way to run on defaults and the environment alone.
+fn read_file(path: &Path, required: bool) -> Result<Option<String>, ConfigError> {
+    let problem = |why: String| ConfigError::Load(format!("config file {} {why}", path.display()));
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !required => return Ok(None),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(problem("does not exist".into()))
+        }
+        Err(error) => return Err(problem(format!("cannot be read: {error}"))),
+    };
+    if metadata.is_dir() {
+        return Err(problem(format!(
+            "is a directory, not a settings file{}",
+            toml_files_in(path)
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|error| problem(format!("cannot be read: {error}")))?;
+    let text = String::from_utf8(bytes).map_err(|error| {
+        problem(format!(
+            "is not UTF-8 text (byte {})",
+            error.utf8_error().valid_up_to()
+        ))
+    })?;
+    if metadata.is_file() && text.trim().is_empty() {
+        return Err(problem(
+            "is empty; write the settings into it, or give --config /dev/null to run on the \
+             built-in defaults and OUTBOX_RELAY__… variables alone"
+                .into(),
+        ));
+    }
+    Ok(Some(text))
+}
+
+/// The `*.toml` files of `directory`, as a hint (a ConfigMap mounted without `subPath`).
+fn toml_files_in(directory: &Path) -> String {
+    let mut names: Vec<String> = std::fs::read_dir(directory)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".toml") && !name.starts_with('.'))
+        .collect();
+    names.sort();
+    match names.as_slice() {
+        [] => String::new(),
+        names => format!(
+            "; name the file in it: {}",
+            names
+                .iter()
+                .map(|name| directory.join(name).display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    }
+}
+
+/// The file's TOML as a dict. A syntax error names the line, the column and what was
+/// expected, never the line's text (it may hold a password).
+fn parse(path: &Path, text: &str) -> Result<Dict, ConfigError> {
+    let table: toml::Table = toml::from_str(text).map_err(|error| {
+        let at = match error.span() {
+            Some(span) => {
+                let (line, column) = line_column(text, span.start);
+                format!(", line {line}, column {column}")
+            }
+            None => String::new(),
+        };
+        let message: Vec<&str> = error.message().lines().map(str::trim).collect();
+        ConfigError::Load(format!(
+            "config file {}{at}: invalid TOML: {} (the line is not shown, as it may hold a \
+             secret)",
+            path.display(),
+            message.join("; ")
+        ))
+    })?;
+    Value::serialize(table)
+        .ok()
+        .and_then(Value::into_dict)
+        .ok_or_else(|| ConfigError::Load(format!("config file {}: not a table", path.display())))
+}
+
+/// 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .count()
+        + 1;
+    (line, column)
+}
+
+/// Reads `dict` into [`Settings`]. A key that does not fit is recorded in `errors` and
+/// dropped, and reading starts again without it, until the rest fits.
+fn shape(mut dict: Dict, origins: &Origins, errors: &mut Vec<ConfigError>) -> Settings {
+    // Each round drops one key, so the rounds are bounded by the keys written.
+    for _ in 0..256 {
+        let error = match Figment::from(Serialized::defaults(&dict)).extract_lossy::<Settings>() {
+            Ok(settings) => return settings,
+            Err(error) => error,
+        };
+        let path = error.path.clone();
+        errors.push(from_origin(wording::shape_error(&error), &path, origins));
+        if !drop_key(&mut dict, &path) {
+            break;
+        }
+    }
+    Settings::default()
+}
+
+/// Removes the value at `path` (or the nearest one around it that exists); `false` when
+/// there is nothing to remove.
+fn drop_key(dict: &mut Dict, path: &[String]) -> bool {
+    fn drop_in(value: &mut Value, path: &[String]) -> bool {
+        let Some((first, rest)) = path.split_first() else {
+            return false;
+        };
+        match value {
+            Value::Dict(_, dict) => drop_from_dict(dict, first, rest),
+            Value::Array(_, items) => match first.parse::<usize>() {
+                Ok(index) if index < items.len() => {
+                    drop_in(&mut items[index], rest) || {
+                        items.remove(index);
+                        true
+                    }
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+    fn drop_from_dict(dict: &mut Dict, first: &str, rest: &[String]) -> bool {
+        match dict.get_mut(first) {
+            None => false,
+            Some(value) => drop_in(value, rest) || dict.remove(first).is_some(),
+        }
+    }
+    match path.split_first() {
+        Some((first, rest)) => drop_from_dict(dict, first, rest),
+        None => false,
+    }
+}
+
+/// `error`, naming the variable when the value at `path` came from the environment.
+fn from_origin(error: ConfigError, path: &[String], origins: &Origins) -> ConfigError {
+    match origins.variable(&path.join(".")) {
+        Some(variable) => ConfigError::FromEnvironment {
+            error: Box::new(error),
+            variable: variable.to_owned(),
+        },
+        None => error,
+    }
+}
+
+/// A validation error naming the variable when its key came from the environment.
+fn from_environment(error: ConfigError, origins: &Origins) -> ConfigError {
+    let path = match &error {
+        ConfigError::Invalid { key, .. } | ConfigError::Mistyped { key, .. } => {
+            // `amqp.url[1]`: the variable set the whole list.
+            key.split('[').next().unwrap_or_default().to_owned()
+        }
+        ConfigError::Outbox { outbox, problem } => {
+            // `outboxes[1] (orders)` and `database_url: …`.
+            let index = outbox
+                .strip_prefix("outboxes[")
+                .and_then(|rest| rest.split(']').next());
+            let key: String = (problem.chars())
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
+                .collect();
+            match index {
+                Some(index) if !key.is_empty() => format!("outboxes.{index}.{key}"),
+                _ => return error,
+            }
+        }
+        _ => return error,
+    };
+    let path: Vec<String> = path.split('.').map(str::to_owned).collect();
+    from_origin(error, &path, origins)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_and_columns_count_from_one() {
+        assert_eq!(line_column("a = 1\nb = \"x", 10), (2, 5));
+        assert_eq!(line_column("", 0), (1, 1));
+    }
 }

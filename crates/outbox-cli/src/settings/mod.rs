@@ -3,7 +3,9 @@
 //!
 //! - [`shape`]: the file's shape and its defaults ([`Settings`]), as written.
 //! - [`field`]: one typed value as written ([`Field`]), so that every bad value is reported.
-//! - `load`: the layers, built-in defaults ← TOML file ← `OUTBOX_RELAY__SECTION__KEY`.
+//! - `load`: the layers, built-in defaults ← TOML file ← `OUTBOX_RELAY__SECTION__KEY`
+//!   (`environment`: the variables, taken as text), every problem of their shape in our
+//!   words (`wording`).
 //! - `validate`: each section checks itself and yields its part of the typed [`Config`],
 //!   recording its errors and warnings in a report (`check`).
 //!
@@ -12,18 +14,21 @@
 
 mod check;
 mod config;
+mod environment;
 pub mod field;
 mod load;
 mod outboxes;
 pub mod shape;
 mod validate;
+mod wording;
 
 #[cfg(test)]
 mod tests;
 
 pub use config::{Config, DatabaseConfig, LogConfig, LogFormat, MaxPendingAge, OutboxConfig};
+pub use environment::ENV_PREFIX;
 pub use field::{Field, Span};
-pub use load::ENV_PREFIX;
+pub use load::Rejected;
 pub use shape::{
     AmqpSection, ColumnsSettings, DatabaseSettings, LogSettings, MetricsSettings,
     OutboxColumnsSettings, OutboxSettings, RelaySettings, RouteSettings, Settings,
@@ -48,6 +53,25 @@ pub enum ConfigError {
         value: String,
         /// What would have been accepted.
         accepted: String,
+    },
+    /// A value of another kind than its key takes (a bare number where a duration goes),
+    /// shown as written (secrets masked).
+    #[error("{key} = {written} is invalid: {accepted}")]
+    Mistyped {
+        /// `section.key`.
+        key: String,
+        /// The value as the file spells it: `30`, `true`, `"text"`, `a table`.
+        written: String,
+        /// What would have been accepted.
+        accepted: String,
+    },
+    /// A problem with a value an environment variable gave.
+    #[error("{error} (from environment variable {variable})")]
+    FromEnvironment {
+        /// The problem.
+        error: Box<ConfigError>,
+        /// The variable that gave the value.
+        variable: String,
     },
     /// An outbox (an `[[outboxes]]` entry, or the mapping of `[database.columns]`) cannot
     /// be used.

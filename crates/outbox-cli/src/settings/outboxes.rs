@@ -7,7 +7,7 @@ use super::config::{DatabaseConfig, OutboxConfig};
 use super::shape::{AmqpSection, ColumnsSettings, OutboxSettings, Settings};
 use super::validate::url_setting;
 use super::ConfigError;
-use crate::secrets;
+use crate::secrets::{self, PasswordKeys};
 use outbox_amqp::{AmqpSettings, Routing};
 use outbox_core::{Ordering, RelayOptions};
 use outbox_store::{ColumnName, Columns, TableName};
@@ -115,7 +115,7 @@ impl OutboxSettings {
                 .map_err(|error| problems.push(format!("table: {error}")))
                 .ok(),
         };
-        let url = self.database_url(settings, inherited.database, problems);
+        let url = self.database_url(inherited.database, problems);
         let columns = outbox_columns(&settings.database.columns, &self.columns, problems);
         let routing = self.routing(&settings.amqp, inherited.amqp, problems);
         let ordering = match self.ordering.trim() {
@@ -152,38 +152,44 @@ impl OutboxSettings {
         })
     }
 
-    /// Its database URL (blank: `database.url`), with `database.password(_file)` put in
-    /// when it names a user and holds no password of its own.
+    /// Its database URL (blank: `database.url`, with `database.password(_file)` in it),
+    /// with its own `database_password(_file)` put in. `database.password` is never put
+    /// into an entry's own URL: that is another database, with its own credentials.
     fn database_url(
         &self,
-        settings: &Settings,
         database: &DatabaseConfig,
         problems: &mut Vec<String>,
     ) -> Option<(String, String)> {
+        let own_password =
+            !self.database_password.is_empty() || !self.database_password_file.trim().is_empty();
         if self.database_url.trim().is_empty() {
+            if own_password {
+                problems.push(
+                    "database_password is set, but database_url is blank: this outbox uses \
+                     database.url, whose password is database.password (or \
+                     database.password_file); give the entry its own database_url, or leave \
+                     database_password and database_password_file empty"
+                        .into(),
+                );
+                return None;
+            }
             return Some((database.url.clone(), database.redacted_url.clone()));
         }
-        let (url, redacted) =
-            url_setting("database_url", self.database_url.trim(), DATABASE_SCHEMES)
-                .map_err(|error| problems.push(error.to_string()))
-                .ok()?;
-        let parsed = url::Url::parse(&url).ok()?;
-        let database_settings = &settings.database;
-        let wants_password = parsed.password().is_none()
-            && !parsed.username().is_empty()
-            && parsed.scheme() != "sqlite"
-            && !(database_settings.password.is_empty()
-                && database_settings.password_file.trim().is_empty());
-        if !wants_password {
-            return Some((url, redacted));
-        }
+        let url = url_setting("database_url", self.database_url.trim(), DATABASE_SCHEMES)
+            .map_err(|error| problems.push(error.to_string()))
+            .ok()?;
+        let keys = PasswordKeys {
+            url: "database_url".into(),
+            password: "database_password".into(),
+            file: "database_password_file".into(),
+        };
         secrets::with_password(
-            "database",
-            (url, redacted),
-            &database_settings.password,
-            &database_settings.password_file,
+            &keys,
+            url,
+            &self.database_password,
+            &self.database_password_file,
         )
-        .map_err(|error| problems.push(format!("database_url: {error}")))
+        .map_err(|error| problems.push(error.to_string()))
         .ok()
     }
 

@@ -130,8 +130,14 @@ pub struct OutboxSettings {
     pub name: String,
     /// The outbox table (required).
     pub table: String,
-    /// Blank: `database.url` (the same URL shares one pool). May hold its own password.
+    /// Blank: `database.url` (the same URL shares one pool). Its password: in the URL, or
+    /// `database_password(_file)`; never `database.password`.
     pub database_url: String,
+    /// The password of `database_url` (which must name the user): meant for
+    /// `OUTBOX_RELAY__OUTBOXES__<position or name>__DATABASE_PASSWORD`. Empty: none.
+    pub database_password: String,
+    /// A file holding the password of `database_url` (a trailing newline is ignored).
+    pub database_password_file: String,
     /// Blank: `amqp.exchange`.
     pub exchange: String,
     /// Blank: `amqp.exchange_type`.
@@ -424,6 +430,7 @@ impl Settings {
         shown.telemetry.otlp_endpoint = redact_url(&self.telemetry.otlp_endpoint);
         for outbox in &mut shown.outboxes {
             outbox.database_url = redact_url(&outbox.database_url);
+            outbox.database_password = masked(&outbox.database_password).into();
         }
         shown
     }
@@ -483,6 +490,8 @@ impl std::fmt::Debug for OutboxSettings {
             .field("name", &self.name)
             .field("table", &self.table)
             .field("database_url", &redact_url(&self.database_url))
+            .field("database_password", &masked(&self.database_password))
+            .field("database_password_file", &self.database_password_file)
             .field("exchange", &self.exchange)
             .field("exchange_type", &self.exchange_type)
             .field("routing_key", &self.routing_key)

@@ -11,7 +11,7 @@ use super::shape::{
     TelemetrySettings,
 };
 use super::ConfigError;
-use crate::secrets::{self, redact_url, Secrets};
+use crate::secrets::{self, redact_url, PasswordKeys, Secrets};
 use outbox_amqp::{AmqpSettings, BrokerUrl, MessageSettings};
 use outbox_core::{RelayOptions, RetryPolicy, Route, Router, RoutingKeyTemplate};
 use outbox_store::TableName;
@@ -82,12 +82,17 @@ impl Settings {
                     .into(),
             );
         }
+        report.warnings.extend(contradictions(&relay));
         amqp.topology = outboxes.iter().map(|o| Arc::clone(&o.routing)).collect();
         // The first outbox's, for the callers that relay one (`start_relay`).
         relay = outboxes[0].relay_options(&relay);
         Ok(Config {
-            effective: self.redacted(&relay.node_id),
-            secrets: Secrets::from_urls(
+            effective: self.redacted(&match self.relay.node_id.trim() {
+                // Not this process's id: `run` is another process, with its own.
+                "" => default_node_id_of("<pid of run>"),
+                _ => relay.node_id.clone(),
+            }),
+            secrets: Secrets::new(
                 [
                     Some(&database.url),
                     database.listen_url.as_ref(),
@@ -98,6 +103,7 @@ impl Settings {
                 .chain(amqp.brokers.iter().map(|broker| &broker.url))
                 .chain(outboxes.iter().map(|outbox| &outbox.database_url))
                 .map(String::as_str),
+                otlp_header_values(),
             ),
             database,
             amqp,
@@ -116,9 +122,10 @@ impl Settings {
 impl DatabaseSettings {
     fn validate(&self, check: &mut Section<'_>) -> Option<DatabaseConfig> {
         let defaults = Self::default();
+        let keys = PasswordKeys::section("database");
         let url = check.take(
             url_setting(&check.key("url"), &self.url, DATABASE_SCHEMES).and_then(|url| {
-                secrets::with_password("database", url, &self.password, &self.password_file)
+                secrets::with_password(&keys, url, &self.password, &self.password_file)
             }),
         );
         let table = match TableName::parse(&self.table) {
@@ -142,7 +149,8 @@ impl DatabaseSettings {
                         &["postgres", "postgresql"],
                     )
                     .and_then(|url| {
-                        secrets::with_password("database", url, &self.password, &self.password_file)
+                        let keys = keys.clone().for_url("database.listen_url");
+                        secrets::with_password(&keys, url, &self.password, &self.password_file)
                     }),
                 )
                 .map(|(url, _)| Some(url))
@@ -309,14 +317,19 @@ impl AmqpSection {
         relay: Option<&RelayOptions>,
     ) -> Option<AmqpSettings> {
         let urls = broker_urls(&self.url);
-        // Each URL checked, each getting the password of amqp.password(_file).
-        let brokers: Vec<Option<BrokerUrl>> = urls
-            .iter()
-            .map(|url| {
+        // Each URL checked, each getting the password of amqp.password(_file); in a list,
+        // each is named by its position (`amqp.url[1]`).
+        let brokers: Vec<Option<BrokerUrl>> = (urls.iter().enumerate())
+            .map(|(index, url)| {
+                let key = match urls.len() {
+                    1 => check.key("url"),
+                    _ => format!("{}[{index}]", check.key("url")),
+                };
+                let keys = PasswordKeys::section("amqp").for_url(key.as_str());
                 check.take(
-                    url_setting(&check.key("url"), url, &["amqp", "amqps"])
+                    url_setting(&key, url, &["amqp", "amqps"])
                         .and_then(|url| {
-                            secrets::with_password("amqp", url, &self.password, &self.password_file)
+                            secrets::with_password(&keys, url, &self.password, &self.password_file)
                         })
                         .map(|(url, redacted)| BrokerUrl { url, redacted }),
                 )
@@ -388,15 +401,9 @@ fn template(check: &mut Section<'_>, key: &str, value: &str) -> Option<RoutingKe
 impl LogSettings {
     fn validate(&self, check: &mut Section<'_>) -> Option<LogConfig> {
         let format = check.parse("format", &self.format, None);
-        let level = match tracing_subscriber::EnvFilter::try_new(&self.level) {
-            Ok(_) => Some(()),
-            Err(error) => check.reject(
-                "level",
-                &self.level,
-                format!(
-                    "a tracing filter such as \"info\" or \"outbox_relay=debug,warn\" ({error})"
-                ),
-            ),
+        let level = match log_level(&self.level) {
+            Ok(()) => Some(()),
+            Err(why) => check.reject("level", &self.level, why),
         };
         level?;
         Some(LogConfig {
@@ -404,6 +411,54 @@ impl LogSettings {
             level: self.level.clone(),
         })
     }
+}
+
+/// `RUST_LOG`, which wins over `log.level`, held to the same rule; `None` when unset.
+pub(super) fn rust_log() -> Option<ConfigError> {
+    let filter = std::env::var("RUST_LOG").ok()?;
+    if filter.trim().is_empty() {
+        return None;
+    }
+    let why = log_level(&filter).err()?;
+    Some(ConfigError::Invalid {
+        key: "RUST_LOG".into(),
+        value: filter,
+        accepted: format!("{why} (RUST_LOG replaces log.level when set)"),
+    })
+}
+
+/// The levels a `log.level` directive may name.
+const LEVELS: &str = "trace, debug, info, warn, error or off";
+
+/// Checks `log.level`: what tracing's filter accepts, and nothing that silently turns
+/// logging off. The filter reads a bare word that is no level (`warning`, `debugg`) as a
+/// target to log at every level, leaving every other line, errors included, unlogged; so
+/// each directive is a level or `target=level`.
+pub(super) fn log_level(level: &str) -> Result<(), String> {
+    let accepted = format!(
+        "a level ({LEVELS}), or comma-separated directives such as \"info\" or \
+         \"warn,outbox_relay=debug\""
+    );
+    if level.trim().is_empty() {
+        return Err(accepted);
+    }
+    for directive in level.split(',').map(str::trim) {
+        let level_part = match directive.rsplit_once('=') {
+            Some((_, level)) => level,
+            None => directive,
+        };
+        // An empty level would read as "error"; say one.
+        if level_part.is_empty()
+            || level_part
+                .parse::<tracing::level_filters::LevelFilter>()
+                .is_err()
+        {
+            return Err(format!("{accepted}; {directive:?} names no level"));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(level)
+        .map(|_| ())
+        .map_err(|error| format!("{accepted} ({error})"))
 }
 
 impl MetricsSettings {
@@ -452,10 +507,77 @@ impl TelemetrySettings {
     }
 }
 
+/// The values of the OTLP exporter's headers (`OTEL_EXPORTER_OTLP_HEADERS`,
+/// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`: `key=value,…`), to scrub: they carry credentials.
+fn otlp_header_values() -> Vec<String> {
+    [
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    ]
+    .iter()
+    .filter_map(|name| std::env::var(name).ok())
+    .flat_map(|headers| {
+        headers
+            .split(',')
+            .filter_map(|pair| {
+                pair.split_once('=')
+                    .map(|(_, value)| value.trim().to_owned())
+            })
+            .filter(|value| !value.is_empty())
+            .collect::<Vec<_>>()
+    })
+    .flat_map(|value| {
+        let decoded = percent_encoding::percent_decode_str(&value)
+            .decode_utf8_lossy()
+            .into_owned();
+        [value, decoded]
+    })
+    .collect()
+}
+
 /// `hostname-pid`: unique per running process, readable in `status`.
 pub fn default_node_id() -> String {
+    default_node_id_of(&std::process::id().to_string())
+}
+
+/// `hostname-<pid>`.
+fn default_node_id_of(pid: &str) -> String {
     let host = gethostname::gethostname().to_string_lossy().into_owned();
-    format!("{host}-{}", std::process::id())
+    format!("{host}-{pid}")
+}
+
+/// How many times `relay.publish_timeout` the lease should at least be: a node renews its
+/// leases every `lease / 3`, so a lease must cover that gap plus a publish plus the
+/// outcome write; below 3 × `publish_timeout`, one slow publish between two renewals can
+/// outlive the lease and hand its rows to another node (a duplicate).
+const LEASE_OVER_PUBLISH_TIMEOUT: u32 = 3;
+
+/// Settings that are each valid but defeat one another: warnings, not errors.
+fn contradictions(relay: &RelayOptions) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let shown = |duration: Duration| humantime::format_duration(duration).to_string();
+    if relay.lease < relay.publish_timeout * LEASE_OVER_PUBLISH_TIMEOUT {
+        warnings.push(format!(
+            "relay.lease = {:?} is not comfortably above relay.publish_timeout = {:?}: leases \
+             are renewed every lease / 3, so a lease below {LEASE_OVER_PUBLISH_TIMEOUT} × \
+             publish_timeout ({}) can run out during one slow publish and another node may \
+             publish the same rows again; keep it a wide margin above (the defaults are 30s \
+             and 3s)",
+            shown(relay.lease),
+            shown(relay.publish_timeout),
+            shown(relay.publish_timeout * LEASE_OVER_PUBLISH_TIMEOUT),
+        ));
+    }
+    if relay.shutdown_timeout < relay.publish_timeout {
+        warnings.push(format!(
+            "relay.shutdown_timeout = {:?} is below relay.publish_timeout = {:?}: a graceful \
+             stop gives up before a slow publish is confirmed, and its row is published again \
+             after the lease",
+            shown(relay.shutdown_timeout),
+            shown(relay.publish_timeout),
+        ));
+    }
+    warnings
 }
 
 /// Parses a URL setting with one of `schemes`; returns it and its redacted form.

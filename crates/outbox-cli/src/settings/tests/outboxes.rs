@@ -229,19 +229,96 @@ fn an_outbox_database_password_is_redacted_and_scrubbed() {
         !shown.contains("hunter2") && shown.contains("***"),
         "{shown}"
     );
-    assert_eq!(config.secrets.scrub("pw hunter2"), "pw ***");
+    assert_eq!(
+        config.secrets.scrub("at postgres://relay:hunter2@db/app"),
+        "at postgres://relay:***@db/app"
+    );
 }
 
 #[test]
-fn the_database_password_goes_into_an_outbox_url_naming_a_user() {
+fn the_database_password_stays_with_database_url_and_an_outbox_has_its_own() {
     let config = load(
         "[database]\nurl = \"postgres://relay@db/app\"\npassword = \"s3cret\"\n\
-         [[outboxes]]\ntable = \"a\"\ndatabase_url = \"postgres://relay@db/other\"",
-        &[],
+         [[outboxes]]\ntable = \"a\"\n\
+         [[outboxes]]\ntable = \"b\"\ndatabase_url = \"mysql://app@maria/other\"\n\
+         [[outboxes]]\nname = \"orders\"\ntable = \"c\"\ndatabase_url = \"postgres://relay@db2/x\"",
+        &[
+            ("OUTBOX_RELAY__OUTBOXES__1__DATABASE_PASSWORD", "0123"),
+            ("OUTBOX_RELAY__OUTBOXES__ORDERS__DATABASE_PASSWORD", "true"),
+        ],
     )
     .unwrap();
     assert_eq!(
-        config.outboxes[0].database_url,
-        "postgres://relay:s3cret@db/other"
+        config.outboxes[0].database_url, "postgres://relay:s3cret@db/app",
+        "no URL of its own: database.url, with database.password"
+    );
+    assert_eq!(
+        config.outboxes[1].database_url,
+        "mysql://app:0123@maria/other"
+    );
+    assert_eq!(
+        config.outboxes[2].database_url,
+        "postgres://relay:true@db2/x"
+    );
+    let shown = format!("{config:?}{}", toml::to_string(&config.effective).unwrap());
+    assert!(
+        !shown.contains("0123") && !shown.contains(":true@"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn an_outbox_password_needs_a_url_of_its_own_naming_a_user() {
+    let error = load(
+        "[[outboxes]]\ntable = \"a\"\ndatabase_password = \"pw-of-a\"\n\
+         [[outboxes]]\ntable = \"b\"\ndatabase_url = \"mysql://maria/other\"",
+        &[("OUTBOX_RELAY__OUTBOXES__1__DATABASE_PASSWORD", "pw-of-b")],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("outboxes[0] (a): database_password is set, but database_url is blank"),
+        "{error}"
+    );
+    assert!(
+        error.contains(
+            "outboxes[1] (b): database_url = \"mysql://maria/other\" is invalid: a URL that \
+             names the user"
+        ),
+        "{error}"
+    );
+    assert!(!error.contains("pw-of"), "{error}");
+}
+
+#[test]
+fn a_bad_value_of_an_entry_from_the_environment_names_the_variable() {
+    let error = load(
+        "[[outboxes]]\ntable = \"a\"",
+        &[("OUTBOX_RELAY__OUTBOXES__A__ORDERING", "global")],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("outboxes[0] (a): ordering: \"global\" is invalid")
+            && error.ends_with("(from environment variable OUTBOX_RELAY__OUTBOXES__A__ORDERING)"),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_environment_variable_naming_no_outbox_is_rejected() {
+    let error = load(
+        "[[outboxes]]\ntable = \"a\"",
+        &[
+            ("OUTBOX_RELAY__OUTBOXES__1__DATABASE_URL", "mysql://x@y/z"),
+            ("OUTBOX_RELAY__OUTBOXES__ORDERS__TABLE", "o"),
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("environment variable OUTBOX_RELAY__OUTBOXES__1__DATABASE_URL: names no [[outboxes]] entry (\"1\"); the entries are: 0 (a)"),
+        "{error}"
+    );
+    assert!(
+        error.contains("OUTBOX_RELAY__OUTBOXES__ORDERS__TABLE"),
+        "{error}"
     );
 }
