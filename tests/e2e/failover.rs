@@ -345,11 +345,11 @@ async fn postgres_a_host_list_starts_on_the_writable_host_and_follows_a_promotio
     );
     let (primary, table) = outbox_at(&PgPair::url(pair.primary)).await;
     let broker = TestBroker::new("#").await;
-    // libpq's form; the standby first, as after an earlier switchover nobody reordered it.
+    // libpq's form, each host with its port; the standby first, as after an earlier
+    // switchover nobody reordered the list.
     let url = format!(
         "postgres://postgres@{},{}/postgres",
-        pair.standby.ip(),
-        pair.primary.ip()
+        pair.standby, pair.primary
     );
     let mut relay = RelayProcess::spawn(crate::RELAY, &relay_settings(&url, &table, &broker));
     let first = room_events("fo-c1", 100, 5);

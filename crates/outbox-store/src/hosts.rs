@@ -1,6 +1,6 @@
 //! Several database hosts in one URL, as libpq takes them:
-//! `postgres://relay@db-1,db-2,db-3/rooms` (each host may carry its own port, the last one
-//! as the settings accept it: `db-1,db-2:6432`). The pool connects to the first host, in
+//! `postgres://relay@db-1,db-2,db-3/rooms`, each host with its own port or the default
+//! (`db-1:5432,db-2:6432`). The pool connects to the first host, in
 //! order, that takes writes (libpq's `target_session_attrs=read-write`, pgjdbc's
 //! `targetServerType=primary`, always), and searches again, in the same order, when its
 //! host fails or answers read-only. The same for MySQL/MariaDB URLs.
@@ -24,26 +24,48 @@ const SEARCH_EVERY: Duration = Duration::from_secs(1);
 /// not at its next acquire timeout. The next failed statement starts another.
 const SEARCH_FOR: Duration = Duration::from_secs(30);
 
-/// The single-host URLs `url` names, in order: one per host of a comma-separated host
-/// list, each with the URL's user, password, database and parameters; `url` alone when it
-/// names one host.
-pub fn split(url: &str) -> Vec<String> {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return vec![url.to_owned()];
-    };
+/// `url` as scheme, `user[:password]@` (or empty), host list and the rest (`/db?…`).
+fn parts(url: &str) -> Option<(&str, &str, &str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     let (user, hosts) = match authority.rfind('@') {
         Some(at) => authority.split_at(at + 1),
         None => ("", authority),
     };
-    if !hosts.contains(',') {
-        return vec![url.to_owned()];
+    Some((scheme, user, hosts, tail))
+}
+
+/// The single-host URLs `url` names, in order: one per host of a comma-separated host
+/// list, each with the URL's user, password, database and parameters; `url` alone when it
+/// names one host.
+pub fn split(url: &str) -> Vec<String> {
+    match parts(url) {
+        Some((scheme, user, hosts, tail)) if hosts.contains(',') => hosts
+            .split(',')
+            .map(|host| format!("{scheme}://{user}{host}{tail}"))
+            .collect(),
+        _ => vec![url.to_owned()],
     }
-    hosts
-        .split(',')
-        .map(|host| format!("{scheme}://{user}{host}{tail}"))
-        .collect()
+}
+
+/// `url` with its first host only, when it names several: a URL any URL parser takes
+/// (`db-1:5432,db-2:5432` is no host and port to one), for checking and for changing its
+/// user, password or parameters, after which [`with_hosts_of`] puts the list back.
+pub fn first_host(url: &str) -> Option<String> {
+    let hosts = split(url);
+    (hosts.len() > 1).then(|| hosts[0].clone())
+}
+
+/// `single` (a URL naming one host, made from [`first_host`] of `url`) with `url`'s host
+/// list in place of its host.
+pub fn with_hosts_of(url: &str, single: &str) -> String {
+    match (parts(url), parts(single)) {
+        (Some((_, _, hosts, _)), Some((scheme, user, _, tail))) => {
+            format!("{scheme}://{user}{hosts}{tail}")
+        }
+        _ => single.to_owned(),
+    }
 }
 
 /// The connect options of `url`, statements logged by sqlx only when `log_statements`.
@@ -214,6 +236,20 @@ mod tests {
             split("mysql://10.0.0.1:3306,10.0.0.2:3306/app"),
             ["mysql://10.0.0.1:3306/app", "mysql://10.0.0.2:3306/app"]
         );
+    }
+
+    #[test]
+    fn the_first_host_stands_in_for_the_list_and_the_list_comes_back() {
+        use super::{first_host, with_hosts_of};
+        let url = "postgres://relay@db-1:5432,db-2:6432/rooms?sslmode=disable";
+        let first = first_host(url).expect("several hosts");
+        assert_eq!(first, "postgres://relay@db-1:5432/rooms?sslmode=disable");
+        let changed = "postgres://relay:s3cret@db-1:5432/rooms?sslmode=disable";
+        assert_eq!(
+            with_hosts_of(url, changed),
+            "postgres://relay:s3cret@db-1:5432,db-2:6432/rooms?sslmode=disable"
+        );
+        assert_eq!(first_host("postgres://relay@db/rooms"), None);
     }
 
     #[test]

@@ -61,10 +61,13 @@ impl PoolSettings {
 pub async fn connect_with(url: &str, pool: &PoolSettings) -> Result<DatabaseConnection, Error> {
     let max_connections = pool.max_connections;
     // sea-orm's own message for an unparsable URL quotes it, password and all.
-    if url::Url::parse(url).is_err() {
+    let hosts: Vec<String> = crate::hosts::split(url)
+        .iter()
+        .map(|host| crate::connection_url(host))
+        .collect();
+    if hosts.iter().any(|host| url::Url::parse(host).is_err()) {
         return Err(Error::InvalidUrl);
     }
-    let hosts = crate::hosts::split(&crate::connection_url(url));
     let mut options = ConnectOptions::new(hosts[0].clone());
     options
         .max_connections(max_connections)

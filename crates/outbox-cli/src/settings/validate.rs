@@ -596,8 +596,14 @@ pub(super) fn url_setting(
         .map(|s| format!("{s}://…"))
         .collect::<Vec<_>>()
         .join(", ");
-    let parsed = url::Url::parse(value)
-        .map_err(|error| invalid(format!("a URL ({error}); accepted: {accepted}")))?;
+    // Several database hosts (`db-1:5432,db-2:5432`, libpq's form): each host's URL.
+    let mut parsed = None;
+    for host in outbox_store::hosts::split(value) {
+        let url = url::Url::parse(&host)
+            .map_err(|error| invalid(format!("a URL ({error}); accepted: {accepted}")))?;
+        parsed.get_or_insert(url);
+    }
+    let parsed = parsed.expect("one URL at least");
     if !schemes.contains(&parsed.scheme()) {
         return Err(invalid(format!(
             "scheme {:?} is not supported; accepted: {accepted}",

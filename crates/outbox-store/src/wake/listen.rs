@@ -75,8 +75,8 @@ impl InsertFeed for PgInsertFeed {
             None => {
                 // The first host that takes the LISTEN: a standby refuses it (25006).
                 let mut failure = None;
-                for url in crate::hosts::split(&crate::connection_url(&self.url)) {
-                    match listen(&url, &self.table).await {
+                for url in crate::hosts::split(&self.url) {
+                    match listen(&crate::connection_url(&url), &self.table).await {
                         Ok(listener) => {
                             debug!(feed = "notify", channel = %self.table, "listening for inserts");
                             self.listener = Some(listener);
