@@ -26,6 +26,9 @@ mod conveniences;
 mod dead;
 /// Every event once, byte for byte, with the contract's properties, in room order.
 mod delivery;
+/// Failovers on servers the tests own: a PostgreSQL standby behind the moving address, a
+/// promotion under load, MariaDB's `read_only` flipped.
+mod failover;
 /// Unroutable events, hold-back per room, retries and dead events.
 mod failures;
 /// Broker and database links cut or stalled by a TCP proxy.

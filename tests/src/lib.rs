@@ -13,6 +13,7 @@ pub mod output;
 pub mod producer_table;
 pub mod proxy;
 pub mod relay;
+pub mod replica;
 pub mod tls_proxy;
 
 pub use app::{test_config, test_settings, AppBuilder, TestApp};

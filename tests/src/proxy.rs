@@ -1,9 +1,10 @@
 //! A small TCP proxy between the relay and a service, for injecting faults without
-//! touching the shared services: cut every connection, refuse new ones, or stall traffic.
+//! touching the shared services: cut every connection, refuse new ones, or stall traffic;
+//! or move it to another server, as a DNS name or virtual IP moves in a failover.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -16,6 +17,8 @@ pub struct FaultProxy {
 }
 
 struct State {
+    /// Where new connections go (open ones stay where they are).
+    target: Mutex<SocketAddr>,
     /// Refuse (close at once) new connections.
     refusing: AtomicBool,
     /// Forward nothing while set.
@@ -34,6 +37,7 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy binds");
         let addr = listener.local_addr().expect("proxy address");
         let state = Arc::new(State {
+            target: Mutex::new(target),
             refusing: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
             cuts: watch::channel(0).0,
@@ -50,6 +54,7 @@ impl FaultProxy {
                 }
                 accepting.accepted.fetch_add(1, Ordering::SeqCst);
                 let state = Arc::clone(&accepting);
+                let target = *accepting.target.lock().unwrap_or_else(|e| e.into_inner());
                 actix_rt::spawn(async move {
                     if let Ok(server) = TcpStream::connect(target).await {
                         pipe(client, server, state).await;
@@ -80,6 +85,12 @@ impl FaultProxy {
         url.set_ip_host(proxy.addr.ip()).expect("a host");
         url.set_port(Some(proxy.addr.port())).expect("a port");
         (proxy, url.into())
+    }
+
+    /// Sends new connections to `target` from now on; open ones stay with the server they
+    /// reached (a DNS name or virtual IP that moved, connections left open).
+    pub fn point_at(&self, target: SocketAddr) {
+        *self.state.target.lock().unwrap_or_else(|e| e.into_inner()) = target;
     }
 
     /// Closes every open connection; new ones are accepted again at once.

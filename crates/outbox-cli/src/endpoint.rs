@@ -210,6 +210,12 @@ impl Endpoint {
             .install_recorder()
             .context("cannot install the metrics recorder")?;
         instruments::describe();
+        metrics::describe_counter!(
+            outbox_store::failover::FAILOVERS,
+            metrics::Unit::Count,
+            "Times a database server answered that it takes no writes (a failover): the pool \
+             dropped its connections and connected again."
+        );
         let process = metrics_process::Collector::default();
         process.describe();
         metrics::gauge!(instruments::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);

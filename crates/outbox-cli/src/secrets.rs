@@ -31,6 +31,10 @@ pub fn redact_url(value: &str) -> String {
     if value.trim().is_empty() {
         return String::new();
     }
+    // Several database hosts (`db-1:5432,db-2:5432`): masked on the first, listed again.
+    if let Some(first) = outbox_store::hosts::first_host(value) {
+        return outbox_store::hosts::with_hosts_of(value, &redact_url(&first));
+    }
     match url::Url::parse(value) {
         Ok(mut parsed) => {
             if parsed.password().is_some() {
@@ -161,6 +165,10 @@ pub fn insert_password(
     url: &str,
     password: &str,
 ) -> Result<String, ConfigError> {
+    if let Some(first) = outbox_store::hosts::first_host(url) {
+        let single = insert_password(keys, &first, password)?;
+        return Ok(outbox_store::hosts::with_hosts_of(url, &single));
+    }
     let invalid = |accepted: String| ConfigError::Invalid {
         key: keys.url.clone(),
         value: redact_url(url),
@@ -261,7 +269,8 @@ impl Secrets {
         let mut secrets = Vec::new();
         for url in urls {
             visible.push(redact_url(url));
-            if let Some(encoded) = url::Url::parse(url)
+            let single = outbox_store::hosts::first_host(url);
+            if let Some(encoded) = url::Url::parse(single.as_deref().unwrap_or(url))
                 .ok()
                 .and_then(|parsed| parsed.password().map(str::to_owned))
             {
@@ -460,6 +469,21 @@ impl<W: io::Write> io::Write for ScrubbingWriter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_database_host_list_is_masked_given_a_password_and_scrubbed() {
+        let hosts = "postgres://relay:long-s3cret@db-1:5432,db-2:6432/rooms";
+        assert_eq!(
+            redact_url(hosts),
+            "postgres://relay:***@db-1:5432,db-2:6432/rooms"
+        );
+        let keys = PasswordKeys::section("database");
+        let url = insert_password(&keys, "postgres://relay@db-1:5432,db-2:6432/rooms", "pw")
+            .expect("a password put in");
+        assert_eq!(url, "postgres://relay:pw@db-1:5432,db-2:6432/rooms");
+        let secrets = Secrets::from_urls([hosts]);
+        assert_eq!(secrets.scrub("said long-s3cret"), "said ***");
+    }
 
     #[test]
     fn every_form_of_a_password_is_scrubbed() {

@@ -126,7 +126,7 @@ pub async fn open_unchecked(
     for outbox in selected {
         let db = match pools.get(outbox.database_url.as_str()) {
             Some(store) => store.connection().clone(),
-            None => outbox_store::connect(&outbox.database_url, config.database.max_connections)
+            None => outbox_store::connect_with(&outbox.database_url, &config.database.pool())
                 .await
                 .with_context(|| {
                     format!(

@@ -35,6 +35,14 @@ pub fn init(log: &LogConfig, secrets: &Secrets) {
             filter = filter.add_directive(quiet);
         }
     }
+    // sqlx logs an error for every new connection the pool refuses (a read-only server
+    // after a failover: outbox-store's `failover.rs`), each retry of its backoff; the store
+    // logs the switch once and the start-up wait its reason.
+    if !log.level.contains("sqlx") {
+        if let Ok(quiet) = "sqlx_core::pool::inner=off".parse() {
+            filter = filter.add_directive(quiet);
+        }
+    }
     // amq-protocol-tcp traces the parsed broker URL, password included, on every connect.
     if let Ok(quiet) = "amq_protocol_tcp=debug".parse() {
         filter = filter.add_directive(quiet);

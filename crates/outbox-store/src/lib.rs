@@ -12,6 +12,9 @@
 //! - [`admin`]: operator queries (dead events, requeue).
 //! - [`connection_url`](mod@connection_url): the URL sqlx is given (plain text unless the URL asks for TLS).
 //! - [`error`]: [`Error`], what the public functions return.
+//! - [`failover`]: never working on a server that takes no writes (a standby after a
+//!   failover): new connections checked, older ones dropped after a read-only answer.
+//! - [`hosts`]: several hosts in one URL (libpq's form): the first writable one.
 //! - `pool.rs`: the connection pool (sea-orm's settings; connections shrink the buffers a
 //!   large row grew when they return to the pool).
 //! - [`migration`]: creating and upgrading the table and its indexes.
@@ -36,6 +39,8 @@ pub mod columns;
 pub mod connection_url;
 mod dialect;
 pub mod error;
+pub mod failover;
+pub mod hosts;
 mod mark;
 pub mod migration;
 mod planner;
@@ -62,5 +67,5 @@ pub use privileges::{missing_privileges, MissingPrivilege};
 pub use producer::{enqueue, insert_events, NewEvent};
 pub use row::OutboxRow;
 pub use sql::{TableName, TableNameError};
-pub use store::{connect, SeaOrmStore};
+pub use store::{connect, connect_with, PoolSettings, SeaOrmStore};
 pub use wake::WakeUps;

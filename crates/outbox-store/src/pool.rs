@@ -8,35 +8,78 @@
 //! the largest row, not `relay.max_inflight_bytes` (issue 17). sqlx shrinks them back to
 //! 8 KiB on request; this pool asks whenever a connection is returned (nothing to do for
 //! a connection that stayed small). SQLite runs in the process and has no such buffers.
+//!
+//! Its connections also follow a failover (`failover.rs`): a new one is refused when its
+//! server takes no writes, and one opened before a read-only answer is closed at its next
+//! acquire instead of being used.
 
+use crate::failover::{Failover, Server};
 use sea_orm::sqlx::{self, ConnectOptions as _, Connection as _};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr, RuntimeErr};
 
-/// A pool opened with `options` (its URL already the one sqlx is given).
-pub(crate) async fn open(options: ConnectOptions) -> Result<DatabaseConnection, DbErr> {
+/// A pool opened with `options` on `hosts` (the URLs sqlx is given, one per host: see
+/// [`crate::hosts`]; `options`' URL is the first).
+pub(crate) async fn open(
+    options: ConnectOptions,
+    hosts: Vec<String>,
+) -> Result<DatabaseConnection, DbErr> {
     let url = options.get_url();
     if url.starts_with("postgres") {
-        Ok(shrinking::<sqlx::Postgres>(options).await?.into())
+        Ok(shrinking::<sqlx::Postgres>(options, hosts).await?.into())
     } else if url.starts_with("mysql") {
-        Ok(shrinking::<sqlx::MySql>(options).await?.into())
+        Ok(shrinking::<sqlx::MySql>(options, hosts).await?.into())
     } else {
         Database::connect(options).await
     }
 }
 
 /// A pool with sea-orm's settings from `options` whose connections shrink their buffers
-/// on every release; statements logged by sqlx (at `debug`) only when `options` says so,
-/// as sea-orm does.
-async fn shrinking<DB: sqlx::Database>(options: ConnectOptions) -> Result<sqlx::Pool<DB>, DbErr> {
-    let connect: <DB::Connection as sqlx::Connection>::Options =
-        options.get_url().parse().map_err(refused)?;
-    let connect = match options.get_sqlx_logging() {
-        true => connect,
-        false => connect.disable_statement_logging(),
+/// on every release and that follow a failover; statements logged by sqlx (at `debug`)
+/// only when `options` says so, as sea-orm does.
+async fn shrinking<DB: Server>(
+    options: ConnectOptions,
+    hosts: Vec<String>,
+) -> Result<sqlx::Pool<DB>, DbErr> {
+    let log_statements = options.get_sqlx_logging();
+    let (current, connect) = match hosts.len() {
+        // Several hosts: start on the first that takes writes.
+        2.. => crate::hosts::first_writable::<DB>(&hosts, log_statements)
+            .await
+            .map_err(refused)?,
+        _ => (
+            0,
+            crate::hosts::options::<DB>(options.get_url(), log_statements).map_err(refused)?,
+        ),
     };
-    probe::<DB>(&connect, options.get_connect_timeout()).await?;
-    options
+    if hosts.len() < 2 {
+        // Several hosts were each connected to by the search above.
+        probe::<DB>(&connect, options.get_connect_timeout()).await?;
+    }
+    let failover = Failover::new(DB::describe(&connect), hosts, current, log_statements);
+    let (checked, fresh) = (failover.clone(), failover.clone());
+    let pool = options
         .sqlx_pool_options::<DB>()
+        .after_connect(move |connection, _| {
+            let failover = checked.clone();
+            Box::pin(async move {
+                match DB::read_only(connection).await? {
+                    None => {
+                        failover.writable();
+                        Ok(())
+                    }
+                    // sqlx closes it and connects again (the name resolved anew) with its
+                    // backoff, until the acquire timeout.
+                    Some(refusal) => {
+                        failover.refuse(refusal.clone());
+                        Err(sqlx::Error::Database(Box::new(refusal)))
+                    }
+                }
+            })
+        })
+        .before_acquire(move |_, meta| {
+            let usable = !fresh.stale(meta.age);
+            Box::pin(async move { Ok(usable) })
+        })
         .after_release(|connection, _| {
             Box::pin(async move {
                 connection.shrink_buffers();
@@ -44,8 +87,19 @@ async fn shrinking<DB: sqlx::Database>(options: ConnectOptions) -> Result<sqlx::
             })
         })
         .connect_with(connect)
-        .await
-        .map_err(refused)
+        .await;
+    match pool {
+        // Only read-only servers answered: say so rather than "timed out".
+        Err(sqlx::Error::PoolTimedOut) => match failover.refused() {
+            Some(refusal) => Err(refused(sqlx::Error::Database(Box::new(refusal)))),
+            None => Err(refused(sqlx::Error::PoolTimedOut)),
+        },
+        Ok(pool) => {
+            failover.register(&pool);
+            Ok(pool)
+        }
+        Err(error) => Err(refused(error)),
+    }
 }
 
 /// One connection, opened and closed: the pool retries a refused connection by itself

@@ -4,6 +4,7 @@
 use crate::columns::{Columns, MappingProblem, BOOKKEEPING};
 use crate::dialect::Dialect;
 use crate::error::Error;
+use crate::failover::Failover;
 use crate::migration;
 use crate::planner::StatisticsWatch;
 use crate::reads::Reads;
@@ -20,13 +21,54 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Opens a pool of at most `max_connections` to `url` (`postgres://`, `mysql://`, `sqlite://`);
-/// plain text unless the URL asks for TLS (see [`crate::connection_url()`]).
+/// plain text unless the URL asks for TLS (see [`crate::connection_url()`]). Connections
+/// live at most [`PoolSettings::DEFAULT_MAX_LIFETIME`] and idle at most
+/// [`PoolSettings::DEFAULT_IDLE_TIMEOUT`]; [`connect_with`] sets both.
 pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, Error> {
+    connect_with(url, &PoolSettings::new(max_connections)).await
+}
+
+/// The pool's size and how long its connections may live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// At most this many connections.
+    pub max_connections: u32,
+    /// A connection is closed once this old (when returned, or found idle): bounds how
+    /// long the pool stays on a server after its name or address moved. `None`: never.
+    pub max_lifetime: Option<Duration>,
+    /// A connection idle this long is closed. `None`: never.
+    pub idle_timeout: Option<Duration>,
+}
+
+impl PoolSettings {
+    /// The default of `database.max_connection_lifetime`, as HikariCP's `maxLifetime`
+    /// and pgjdbc users are used to: minutes, not sqlx's half hour.
+    pub const DEFAULT_MAX_LIFETIME: Duration = Duration::from_secs(5 * 60);
+    /// The default of `database.idle_timeout`.
+    pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// `max_connections` with the default lifetime and idle time.
+    pub fn new(max_connections: u32) -> Self {
+        Self {
+            max_connections,
+            max_lifetime: Some(Self::DEFAULT_MAX_LIFETIME),
+            idle_timeout: Some(Self::DEFAULT_IDLE_TIMEOUT),
+        }
+    }
+}
+
+/// [`connect`] with the pool's size and connection lifetimes from `pool`.
+pub async fn connect_with(url: &str, pool: &PoolSettings) -> Result<DatabaseConnection, Error> {
+    let max_connections = pool.max_connections;
     // sea-orm's own message for an unparsable URL quotes it, password and all.
-    if url::Url::parse(url).is_err() {
+    let hosts: Vec<String> = crate::hosts::split(url)
+        .iter()
+        .map(|host| crate::connection_url(host))
+        .collect();
+    if hosts.iter().any(|host| url::Url::parse(host).is_err()) {
         return Err(Error::InvalidUrl);
     }
-    let mut options = ConnectOptions::new(crate::connection_url(url));
+    let mut options = ConnectOptions::new(hosts[0].clone());
     options
         .max_connections(max_connections)
         .min_connections(1)
@@ -38,7 +80,13 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnecti
         // the claim or flush is retried with backoff like any database error.
         .test_before_acquire(false)
         .sqlx_logging(std::env::var_os("OUTBOX_SQLX_LOG").is_some());
-    let db = crate::pool::open(options)
+    if let Some(lifetime) = pool.max_lifetime {
+        options.max_lifetime(lifetime);
+    }
+    if let Some(idle) = pool.idle_timeout {
+        options.idle_timeout(idle);
+    }
+    let db = crate::pool::open(options, hosts)
         .await
         .map_err(|cause| Error::Connect {
             reason: crate::error::describe(&cause),
@@ -60,12 +108,16 @@ pub struct SeaOrmStore {
     reads: Reads,
     /// PostgreSQL: when a full claim last checked the planner's statistics.
     statistics: Arc<StatisticsWatch>,
+    /// The pool's failover state (PostgreSQL, MySQL/MariaDB): a read-only answer to a
+    /// statement retires the pool's connections (`failover.rs`).
+    failover: Option<Arc<Failover>>,
 }
 
 impl SeaOrmStore {
     /// A store for `table` on an open connection pool, with the relay's own column names.
     pub fn new(db: DatabaseConnection, table: TableName) -> Self {
         let columns = Columns::default();
+        let failover = Failover::of(&db);
         let reads = Reads::plain(Dialect::of(&db), &columns);
         Self {
             db,
@@ -73,6 +125,7 @@ impl SeaOrmStore {
             columns,
             reads,
             statistics: Arc::default(),
+            failover,
         }
     }
 
@@ -193,6 +246,21 @@ fn database(error: DbErr) -> StoreError {
     StoreError::Database(error.to_string())
 }
 
+impl SeaOrmStore {
+    /// The port's error for `error`, after telling the pool's failover state: a read-only
+    /// answer retires the connections opened so far, so the retry gets a fresh one.
+    fn failed(&self, error: DbErr) -> StoreError {
+        if let Some(failover) = &self.failover {
+            let read_only = failover.notice(&error);
+            let unusable = crate::hosts::server_unusable(&error);
+            if read_only || unusable {
+                failover.follow(&self.db);
+            }
+        }
+        database(error)
+    }
+}
+
 #[async_trait]
 impl OutboxStore for SeaOrmStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxRecord>, StoreError> {
@@ -222,7 +290,7 @@ impl OutboxStore for SeaOrmStore {
             }
             claimed => claimed,
         }
-        .map_err(database)?;
+        .map_err(|error| self.failed(error))?;
         if postgres && leased.rows.len() >= request.limit {
             self.statistics
                 .after_full_claim(&self.db, &self.table, leased.rows.len(), started.elapsed())
@@ -240,23 +308,31 @@ impl OutboxStore for SeaOrmStore {
         if batch.is_empty() {
             return Ok(());
         }
-        self.mark_batch(node_id, batch).await.map_err(database)
+        self.mark_batch(node_id, batch)
+            .await
+            .map_err(|error| self.failed(error))
     }
 
     async fn release_node(&self, node_id: &str) -> Result<u64, StoreError> {
-        self.release_leases(node_id).await.map_err(database)
+        self.release_leases(node_id)
+            .await
+            .map_err(|error| self.failed(error))
     }
 
     async fn renew(&self, node_id: &str, lease: Duration) -> Result<u64, StoreError> {
-        self.renew_leases(node_id, lease).await.map_err(database)
+        self.renew_leases(node_id, lease)
+            .await
+            .map_err(|error| self.failed(error))
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        self.read_stats().await.map_err(database)
+        self.read_stats().await.map_err(|error| self.failed(error))
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
-        self.read_backlog().await.map_err(database)
+        self.read_backlog()
+            .await
+            .map_err(|error| self.failed(error))
     }
 
     async fn purge(
@@ -267,6 +343,6 @@ impl OutboxStore for SeaOrmStore {
     ) -> Result<u64, StoreError> {
         self.purge_rows(target, older_than, limit)
             .await
-            .map_err(database)
+            .map_err(|error| self.failed(error))
     }
 }

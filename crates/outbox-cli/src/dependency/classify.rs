@@ -125,6 +125,12 @@ fn database_error(error: &dyn sqlx::error::DatabaseError) -> Verdict {
     } else if let Some(error) = error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
         mysql(error.number())
     } else if error
+        .try_downcast_ref::<outbox_store::failover::ReadOnlyServer>()
+        .is_some()
+    {
+        // Only read-only servers answered (a standby not promoted yet).
+        Verdict::Transient(String::new())
+    } else if error
         .try_downcast_ref::<sqlx::sqlite::SqliteError>()
         .is_some()
     {
@@ -309,6 +315,20 @@ mod tests {
             assert_eq!(postgres(sqlstate), Verdict::Refused, "{sqlstate}");
         }
         assert_eq!(postgres("42P01"), Verdict::Fatal, "undefined_table");
+    }
+
+    #[test]
+    fn a_pool_that_found_only_read_only_servers_is_waited_for() {
+        let refused = outbox_store::failover::ReadOnlyServer::new(
+            "the server is in recovery (a standby): it takes no writes",
+            "25006",
+        );
+        let error = connect_error(sqlx::Error::Database(Box::new(refused)));
+        let reason = transient(classify(&error));
+        assert!(
+            reason.contains("standby") && reason.contains("25006"),
+            "{reason}"
+        );
     }
 
     #[test]

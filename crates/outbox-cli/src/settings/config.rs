@@ -73,6 +73,21 @@ pub struct DatabaseConfig {
     pub listen_url: Option<String>,
     /// How often to probe for inserts where nothing announces them; `None`: no probe.
     pub probe_interval: Option<std::time::Duration>,
+    /// Pooled connections are closed once this old (every pool).
+    pub max_connection_lifetime: std::time::Duration,
+    /// Pooled connections idle this long are closed (every pool).
+    pub idle_timeout: std::time::Duration,
+}
+
+impl DatabaseConfig {
+    /// The pool settings of every database pool.
+    pub fn pool(&self) -> outbox_store::PoolSettings {
+        outbox_store::PoolSettings {
+            max_connections: self.max_connections,
+            max_lifetime: Some(self.max_connection_lifetime),
+            idle_timeout: Some(self.idle_timeout),
+        }
+    }
 }
 
 // By hand: the URL in force may hold a password.
@@ -87,6 +102,8 @@ impl std::fmt::Debug for DatabaseConfig {
             .field("notify", &self.notify)
             .field("listen_url", &self.listen_url.as_deref().map(redact_url))
             .field("probe_interval", &self.probe_interval)
+            .field("max_connection_lifetime", &self.max_connection_lifetime)
+            .field("idle_timeout", &self.idle_timeout)
             .finish()
     }
 }

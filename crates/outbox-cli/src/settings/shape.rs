@@ -68,6 +68,11 @@ pub struct DatabaseSettings {
     /// `[database.columns]`: the producer's column names of the one-outbox case, and the
     /// default of every `[[outboxes]]` entry.
     pub columns: ColumnsSettings,
+    /// A pooled connection is closed once this old: how long the relay may stay on a
+    /// server after its name or address moved (a failover). Zero: the default.
+    pub max_connection_lifetime: Field<Span>,
+    /// A pooled connection idle this long is closed. Zero: the default.
+    pub idle_timeout: Field<Span>,
 }
 
 /// `[database.columns]`: which columns hold what.
@@ -330,6 +335,8 @@ impl Default for DatabaseSettings {
             probe: true,
             probe_interval: "5ms".into(),
             columns: ColumnsSettings::default(),
+            max_connection_lifetime: "5m".into(),
+            idle_timeout: "1m".into(),
         }
     }
 }
@@ -453,6 +460,8 @@ impl std::fmt::Debug for DatabaseSettings {
             .field("probe", &self.probe)
             .field("probe_interval", &self.probe_interval)
             .field("columns", &self.columns)
+            .field("max_connection_lifetime", &self.max_connection_lifetime)
+            .field("idle_timeout", &self.idle_timeout)
             .finish()
     }
 }

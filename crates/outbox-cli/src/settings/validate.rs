@@ -160,6 +160,13 @@ impl DatabaseSettings {
             &self.probe_interval,
             &defaults.probe_interval,
         );
+        let max_connection_lifetime = check.duration_or_default(
+            "max_connection_lifetime",
+            &self.max_connection_lifetime,
+            &defaults.max_connection_lifetime,
+        );
+        let idle_timeout =
+            check.duration_or_default("idle_timeout", &self.idle_timeout, &defaults.idle_timeout);
         let (url, redacted_url) = url?;
         Some(DatabaseConfig {
             url,
@@ -171,6 +178,8 @@ impl DatabaseSettings {
             notify: self.notify,
             listen_url: listen_url?,
             probe_interval: self.probe.then_some(probe_interval?),
+            max_connection_lifetime: max_connection_lifetime?,
+            idle_timeout: idle_timeout?,
         })
     }
 }
@@ -587,8 +596,14 @@ pub(super) fn url_setting(
         .map(|s| format!("{s}://…"))
         .collect::<Vec<_>>()
         .join(", ");
-    let parsed = url::Url::parse(value)
-        .map_err(|error| invalid(format!("a URL ({error}); accepted: {accepted}")))?;
+    // Several database hosts (`db-1:5432,db-2:5432`, libpq's form): each host's URL.
+    let mut parsed = None;
+    for host in outbox_store::hosts::split(value) {
+        let url = url::Url::parse(&host)
+            .map_err(|error| invalid(format!("a URL ({error}); accepted: {accepted}")))?;
+        parsed.get_or_insert(url);
+    }
+    let parsed = parsed.expect("one URL at least");
     if !schemes.contains(&parsed.scheme()) {
         return Err(invalid(format!(
             "scheme {:?} is not supported; accepted: {accepted}",

@@ -40,6 +40,13 @@ impl PgInsertFeed {
     }
 }
 
+/// A LISTEN connection to `table`'s channel on the server at `url`.
+async fn listen(url: &str, table: &TableName) -> Result<PgListener, sea_orm::sqlx::Error> {
+    let mut listener = PgListener::connect(url).await?;
+    listener.listen(table.as_str()).await?;
+    Ok(listener)
+}
+
 #[async_trait]
 impl InsertFeed for PgInsertFeed {
     fn kind(&self) -> &'static str {
@@ -66,15 +73,22 @@ impl InsertFeed for PgInsertFeed {
                 }
             },
             None => {
-                let url = crate::connection_url(&self.url);
-                let mut listener = PgListener::connect(&url).await.map_err(database)?;
-                listener
-                    .listen(self.table.as_str())
-                    .await
-                    .map_err(database)?;
-                debug!(feed = "notify", channel = %self.table, "listening for inserts");
-                self.listener = Some(listener);
-                Ok(())
+                // The first host that takes the LISTEN: a standby refuses it (25006).
+                let mut failure = None;
+                for url in crate::hosts::split(&self.url) {
+                    match listen(&crate::connection_url(&url), &self.table).await {
+                        Ok(listener) => {
+                            debug!(feed = "notify", channel = %self.table, "listening for inserts");
+                            self.listener = Some(listener);
+                            return Ok(());
+                        }
+                        Err(error) => failure = Some(error),
+                    }
+                }
+                Err(database(failure.map_or_else(
+                    || "no database host".to_owned(),
+                    |error| error.to_string(),
+                )))
             }
         }
     }
