@@ -5,8 +5,10 @@
 
 mod baseline;
 mod consumer;
+mod cost;
 mod history;
 mod idle;
+mod latency;
 mod otlp_sink;
 mod process;
 mod scenario;
@@ -29,7 +31,7 @@ enum Scenario {
     /// A bare lapin publisher with pipelined confirms.
     Baseline(BaselineArgs),
     /// Commit → delivery latency at a steady insert rate.
-    Latency(scenario::LatencyArgs),
+    Latency(latency::LatencyArgs),
     /// `drain` over publishers × batch sizes, medians per cell.
     Matrix(scenario::MatrixArgs),
     /// Drains on an empty table, then on one with `--rows` published rows kept (no retention):
@@ -65,7 +67,7 @@ fn main() -> ExitCode {
             Scenario::Baseline(args) => baseline::run(args.events, args.envelope_bytes)
                 .await
                 .map(|result| result.print()),
-            Scenario::Latency(args) => scenario::latency(args).await,
+            Scenario::Latency(args) => latency::run(args).await,
             Scenario::Matrix(args) => scenario::matrix(args).await,
             Scenario::History(args) => history::run(args).await,
             Scenario::Idle(args) => idle::run(args).await,
