@@ -111,7 +111,8 @@ impl CpuReading {
 #[derive(Debug, Clone, Copy, Default)]
 struct PgCounters {
     /// `pg_stat_database`: xact_commit + xact_rollback of the bench's database (every
-    /// client's; a statement outside a transaction block is one transaction).
+    /// client's; a statement outside a transaction block is one transaction). In a
+    /// [`Cost`], the bench's own are taken out.
     xacts: f64,
     /// `pg_stat_user_tables` of the outbox table(s): rows updated, of which HOT, deleted.
     row_updates: f64,
@@ -129,6 +130,8 @@ pub(crate) struct CostWatch {
     counters: Option<PgCounters>,
     /// The CPU and WAL at the window's end ([`CostWatch::stop`]).
     end: Option<(CpuReading, Option<f64>)>,
+    /// Transactions of this watch's own that the database counts in the window.
+    own_xacts: u64,
 }
 
 impl CostWatch {
@@ -138,13 +141,15 @@ impl CostWatch {
         let server = DbServer::find(db).await;
         let is_pg = db.get_database_backend() == DbBackend::Postgres;
         let counters = match is_pg {
-            true => pg_counters(db, &tables).await,
+            true => pg_counters(db, &tables).await.map(|(counters, _)| counters),
             false => None,
         };
         let wal_lsn = match is_pg {
             true => pg_wal_lsn(db).await,
             false => None,
         };
+        // The reading's own SELECT (reported after it) and the WAL position's.
+        let own_xacts = 2;
         Self {
             db: db.clone(),
             cpu: CpuReading::now(&server),
@@ -153,6 +158,7 @@ impl CostWatch {
             wal_lsn,
             counters,
             end: None,
+            own_xacts,
         }
     }
 
@@ -160,7 +166,10 @@ impl CostWatch {
     pub(crate) async fn stop(&mut self) {
         let cpu = CpuReading::now(&self.server);
         let wal = match &self.wal_lsn {
-            Some(lsn) => pg_wal_since(&self.db, lsn).await,
+            Some(lsn) => {
+                self.own_xacts += 1;
+                pg_wal_since(&self.db, lsn).await
+            }
             None => None,
         };
         self.end = Some((cpu, wal));
@@ -169,12 +178,15 @@ impl CostWatch {
     /// The cost of `events` events: [`CostWatch::stop`]'s CPU and WAL, and the statistics
     /// counted until now (call it once the relay has stopped: its connections report their
     /// statistics when asked here, not only up to 10 s later as PostgreSQL leaves them).
-    pub(crate) async fn finish(self, events: usize) -> Cost {
+    /// `polls`: the bench's own statements meanwhile (waiting for the marks), taken out of
+    /// the transactions.
+    pub(crate) async fn finish(self, events: usize, polls: u64) -> Cost {
+        let own = (self.own_xacts + polls) as f64;
         let counters = match self.counters {
             Some(before) => pg_counters(&self.db, &self.tables)
                 .await
-                .map(|after| PgCounters {
-                    xacts: after.xacts - before.xacts,
+                .map(|(after, flushes)| PgCounters {
+                    xacts: after.xacts - before.xacts - own - flushes as f64,
                     row_updates: after.row_updates - before.row_updates,
                     hot_updates: after.hot_updates - before.hot_updates,
                     row_deletes: after.row_deletes - before.row_deletes,
@@ -301,9 +313,10 @@ async fn pg_wal_since(db: &DatabaseConnection, lsn: &str) -> Option<f64> {
     row.try_get::<f64>("", "bytes").ok()
 }
 
-/// The statistics counters, once every connection of `db`'s pool has reported its own.
-async fn pg_counters(db: &DatabaseConnection, tables: &[String]) -> Option<PgCounters> {
-    flush_pool_statistics(db).await?;
+/// The statistics counters, once every connection of `db`'s pool has reported its own;
+/// and how many transactions that asking took (counted in what it read).
+async fn pg_counters(db: &DatabaseConnection, tables: &[String]) -> Option<(PgCounters, u32)> {
+    let flushes = flush_pool_statistics(db).await?;
     let names = tables
         .iter()
         .map(|t| format!("'{t}'"))
@@ -320,19 +333,21 @@ async fn pg_counters(db: &DatabaseConnection, tables: &[String]) -> Option<PgCou
         .query_one(Statement::from_string(DbBackend::Postgres, sql))
         .await
         .ok()??;
-    Some(PgCounters {
+    let counters = PgCounters {
         xacts: row.try_get("", "xacts").ok()?,
         row_updates: row.try_get("", "upd").ok()?,
         hot_updates: row.try_get("", "hot").ok()?,
         row_deletes: row.try_get("", "del").ok()?,
-    })
+    };
+    Some((counters, flushes))
 }
 
 /// PostgreSQL (15+) keeps a backend's statistics up to 10 s before they reach the views
 /// when it goes idle soon after its last report. Holding every connection of the pool at
 /// once and asking each for `pg_stat_force_next_flush()` makes each report at its commit,
-/// before the commit returns. `None` when the server cannot (before 15).
-async fn flush_pool_statistics(db: &DatabaseConnection) -> Option<()> {
+/// before the commit returns. Returns the transactions that took; `None` when the server
+/// cannot (before 15).
+async fn flush_pool_statistics(db: &DatabaseConnection) -> Option<u32> {
     let size = db.get_postgres_connection_pool().size().max(1);
     let mut held = Vec::with_capacity(size as usize);
     for _ in 0..size {
@@ -345,5 +360,5 @@ async fn flush_pool_statistics(db: &DatabaseConnection) -> Option<()> {
             .ok()?;
         transaction.commit().await.ok()?;
     }
-    Some(())
+    Some(size)
 }

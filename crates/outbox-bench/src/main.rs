@@ -4,6 +4,7 @@
 //! own. The figures and how to read them: BENCHMARKS.md.
 
 mod baseline;
+mod compare;
 mod consumer;
 mod cost;
 mod history;
@@ -39,6 +40,9 @@ enum Scenario {
     History(history::HistoryArgs),
     /// An idle relay: its CPU, and the database's statements/s and CPU (wake-ups' cost).
     Idle(idle::IdleArgs),
+    /// One scenario run by two builds, interleaved over rounds: every figure's medians,
+    /// their ratio, and whether the rounds' spread is too large to call the difference.
+    Compare(compare::CompareArgs),
     /// The consumer child of `drain` and `latency` (started by them).
     #[command(hide = true)]
     Consume(consumer::ConsumeArgs),
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
             Scenario::Matrix(args) => scenario::matrix(args).await,
             Scenario::History(args) => history::run(args).await,
             Scenario::Idle(args) => idle::run(args).await,
+            Scenario::Compare(args) => compare::run(args).await,
             Scenario::Consume(args) => consumer::run(args).await,
             Scenario::OtlpSink(args) => otlp_sink::run(args).await,
         }

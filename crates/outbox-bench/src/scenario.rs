@@ -2,10 +2,10 @@
 //! ([`crate::consumer`]) in a child process on a durable queue bound to the relay's
 //! exchange.
 
-use crate::consumer::{Consume, ConsumerProcess, Report};
-use crate::otlp_sink::SinkProcess;
 use crate::baseline::{self, Baseline};
+use crate::consumer::{Consume, ConsumerProcess, Report};
 use crate::cost::{Cost, CostWatch};
+use crate::otlp_sink::SinkProcess;
 use crate::process;
 use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
@@ -167,29 +167,32 @@ impl Bench {
 
     /// Waits until no row is pending, asking every 10 ms with the cheapest question the
     /// partial pending index answers (`stats()` would count the whole table each time).
-    pub(crate) async fn wait_all_marked(&self, deadline: Duration) -> anyhow::Result<()> {
+    /// Returns how many questions it asked (the database counts them as transactions).
+    pub(crate) async fn wait_all_marked(&self, deadline: Duration) -> anyhow::Result<u64> {
         let until = Instant::now() + deadline;
+        let mut asked = 0;
         for outbox in &self.outboxes {
             let db = outbox.store.connection();
             let sql = format!(
                 "SELECT 1 AS one FROM {} WHERE status = 'pending' LIMIT 1",
                 outbox.store.table()
             );
-            while db
-                .query_one(Statement::from_string(
+            while {
+                asked += 1;
+                db.query_one(Statement::from_string(
                     db.get_database_backend(),
                     sql.clone(),
                 ))
                 .await?
                 .is_some()
-            {
+            } {
                 if Instant::now() > until {
                     bail!("not every event was marked within {deadline:?}");
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-        Ok(())
+        Ok(asked)
     }
 
     /// Inserts `events` pending events, ids `{prefix}-{n:08}`, room `n % rooms`, a chunk at
@@ -242,7 +245,10 @@ impl Bench {
     ) -> anyhow::Result<Drained> {
         let mut consumer =
             ConsumerProcess::start(&self.queue, events, rooms, false, consume).await?;
-        let tables = self.outboxes.iter().map(|o| o.store.table().as_str().to_owned());
+        let tables = self
+            .outboxes
+            .iter()
+            .map(|o| o.store.table().as_str().to_owned());
         let mut cost = CostWatch::start(self.store.connection(), tables.collect()).await;
         process::reset_peak_rss();
         let started = Instant::now();
@@ -250,20 +256,23 @@ impl Bench {
         let relays = start_relays(&self.config, &self.outboxes, &broker).await?;
         let deadline = Duration::from_secs(120).max(Duration::from_millis(events as u64 * 2));
         // Every row marked means every publish was confirmed: the broker holds every event.
-        if let Err(error) = self.wait_all_marked(deadline).await {
-            // Stopped before the error returns: a relay dropped with the runtime would
-            // drop its PostgreSQL listener outside it (a panic, and the consumer child left).
-            let _ = relays.shutdown(self.config.relay.shutdown_timeout).await;
-            broker.close().await;
-            return Err(error);
-        }
+        let asked = match self.wait_all_marked(deadline).await {
+            Ok(asked) => asked,
+            Err(error) => {
+                // Stopped before the error returns: a relay dropped with the runtime would
+                // drop its PostgreSQL listener outside it (a panic, and the consumer child left).
+                let _ = relays.shutdown(self.config.relay.shutdown_timeout).await;
+                broker.close().await;
+                return Err(error);
+            }
+        };
         let seconds = started.elapsed().as_secs_f64();
         cost.stop().await;
         let rss_mib = process::peak_rss_mib();
         relays.shutdown(self.config.relay.shutdown_timeout).await?;
         broker.close().await;
         // After the relay stopped: its connections' statistics are complete.
-        let cost = cost.finish(events).await;
+        let cost = cost.finish(events, asked).await;
         // The consumer checks that every event is there, once or more, in room order.
         if consume == Consume::Later {
             consumer.release()?;
@@ -522,12 +531,13 @@ fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
     }
     if runs.iter().all(|r| r.baseline.is_some()) && !runs.is_empty() {
         let baseline = |r: &DrainRun| r.baseline.unwrap_or_default();
-        json["baseline_events_per_sec"] = pick(|r| r.baseline.unwrap_or_default().rate).round().into();
+        json["baseline_events_per_sec"] =
+            pick(|r| r.baseline.unwrap_or_default().rate).round().into();
         json["ratio"] = round(pick(|r| r.ratio().unwrap_or(0.0)), 2).into();
-        json["baseline_cpu_us_per_event"] = round(pick(|r| r.baseline.unwrap_or_default().cpu_us), 1).into();
+        json["baseline_cpu_us_per_event"] =
+            round(pick(|r| r.baseline.unwrap_or_default().cpu_us), 1).into();
         json["baseline_broker_cpu_us_per_message"] = some(&|r| baseline(r).broker_us, 1).into();
-        json["baseline_all_in_cpu_us_per_message"] =
-            some(&|r| baseline(r).all_in_us(), 1).into();
+        json["baseline_all_in_cpu_us_per_message"] = some(&|r| baseline(r).all_in_us(), 1).into();
         json["all_in_ratio"] = some(&|r| r.all_in_ratio(), 2).into();
     }
     json
