@@ -362,3 +362,58 @@ async fn flush_pool_statistics(db: &DatabaseConnection) -> Option<u32> {
     }
     Some(size)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cost(db: Option<f64>, db_in_relay: bool, broker: Option<f64>) -> Cost {
+        Cost {
+            events: 1000,
+            cpu: CpuReading {
+                relay: 0.030,
+                db,
+                broker,
+            },
+            db_in_relay,
+            wal_bytes: Some(1_500_000.0),
+            counters: Some(PgCounters {
+                xacts: 70.0,
+                row_updates: 2000.0,
+                hot_updates: 1000.0,
+                row_deletes: 0.0,
+            }),
+        }
+    }
+
+    #[test]
+    fn all_in_is_relay_database_and_broker_per_event() {
+        let pg = cost(Some(0.075), false, Some(0.115));
+        assert!((pg.relay_us() - 30.0).abs() < 1e-9);
+        assert!((pg.all_in_us().unwrap() - 220.0).abs() < 1e-9);
+        let json = pg.json();
+        assert_eq!(json["db_cpu_us_per_event"], 75.0);
+        assert_eq!(json["broker_cpu_us_per_message"], 115.0);
+        assert_eq!(json["all_in_cpu_us_per_event"], 220.0);
+        assert_eq!(json["db_wal_bytes_per_event"], 1500.0);
+        assert_eq!(json["db_xacts_per_event"], 0.07);
+        assert_eq!(json["db_row_updates_per_event"], 2.0);
+        assert_eq!(json["db_hot_updates_per_event"], 1.0);
+    }
+
+    #[test]
+    fn sqlite_is_in_the_relay_and_a_missing_part_leaves_no_all_in() {
+        let sqlite = cost(None, true, Some(0.100));
+        assert!((sqlite.all_in_us().unwrap() - 130.0).abs() < 1e-9);
+        assert_eq!(
+            sqlite.json()["db_cpu_us_per_event"],
+            serde_json::Value::Null
+        );
+        assert_eq!(sqlite.json()["db_cpu_in_relay"], true);
+        assert_eq!(cost(None, false, Some(0.1)).all_in_us(), None);
+        assert_eq!(cost(Some(0.1), false, None).all_in_us(), None);
+        assert!(cost(None, true, None)
+            .summary()
+            .contains("in the relay's (SQLite)"));
+    }
+}

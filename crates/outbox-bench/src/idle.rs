@@ -43,12 +43,12 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
     let relay = start_relay(&bench.config, &bench.store, &broker).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let db = bench.store.connection().clone();
-    let processes = DbServer::find(&db).await;
-    let server = ServerLoad::read(&db, &processes).await?;
+    let db_server = DbServer::find(&db).await;
+    let server = ServerLoad::read(&db, &db_server).await?;
     let cpu = process::cpu_seconds();
     tokio::time::sleep(Duration::from_secs(args.seconds)).await;
     let cpu = process::cpu_seconds() - cpu;
-    let server = ServerLoad::read(&db, &processes).await?.since(&server);
+    let server = ServerLoad::read(&db, &db_server).await?.since(&server);
     relay.shutdown().await?;
     broker.close().await;
     bench.teardown().await?;
