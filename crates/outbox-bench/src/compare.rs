@@ -247,11 +247,11 @@ impl Figure {
         (baseline != 0.0).then(|| candidate / baseline)
     }
 
-    /// The larger of the two builds' (max − min) ÷ |median|.
+    /// The larger of the two builds' (max − min) ÷ |median|; `None` with one round each.
     fn spread(&self) -> Option<f64> {
         let relative = |values: &[f64]| {
             let median = median(values.to_vec()).abs();
-            (median != 0.0).then(|| range(values) / median)
+            (median != 0.0 && values.len() > 1).then(|| range(values) / median)
         };
         match (relative(&self.baseline), relative(&self.candidate)) {
             (Some(a), Some(b)) => Some(a.max(b)),
@@ -505,6 +505,7 @@ mod tests {
             candidate: vec![2.0],
         };
         assert_eq!(once.verdict(), Verdict::OneRound);
+        assert_eq!(once.spread(), None);
         assert_eq!(
             Figure {
                 baseline: vec![1.0, 2.0, 3.0, 4.0],
