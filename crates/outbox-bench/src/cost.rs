@@ -88,11 +88,14 @@ pub(crate) struct CpuReading {
 }
 
 impl CpuReading {
-    /// This process's (the relay's), the database server's and the broker's CPU now.
-    pub(crate) fn now(server: &DbServer) -> Self {
+    /// This process's (the relay's), the database server's and the broker's CPU now. This
+    /// process's is read after the scan of /proc at a window's start and before it at its
+    /// end, so that the scans are not in the relay's figure.
+    fn now(server: &DbServer, at_start: bool) -> Self {
+        let relay = (!at_start).then(process::cpu_seconds);
         let processes = process::all();
         Self {
-            relay: process::cpu_seconds(),
+            relay: relay.unwrap_or_else(process::cpu_seconds),
             db: server.cpu_seconds(&processes),
             broker: broker_cpu_seconds(&processes),
         }
@@ -152,7 +155,7 @@ impl CostWatch {
         let own_xacts = 2;
         Self {
             db: db.clone(),
-            cpu: CpuReading::now(&server),
+            cpu: CpuReading::now(&server, true),
             server,
             tables,
             wal_lsn,
@@ -164,7 +167,7 @@ impl CostWatch {
 
     /// Ends the window of CPU and WAL (when the last event is marked).
     pub(crate) async fn stop(&mut self) {
-        let cpu = CpuReading::now(&self.server);
+        let cpu = CpuReading::now(&self.server, false);
         let wal = match &self.wal_lsn {
             Some(lsn) => {
                 self.own_xacts += 1;
@@ -195,7 +198,7 @@ impl CostWatch {
         };
         let (end, wal_bytes) = self
             .end
-            .unwrap_or_else(|| (CpuReading::now(&self.server), None));
+            .unwrap_or_else(|| (CpuReading::now(&self.server, false), None));
         Cost {
             events,
             cpu: end.since(&self.cpu),
