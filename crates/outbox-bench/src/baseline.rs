@@ -1,6 +1,7 @@
 //! The bare lapin publisher the relay is measured against: the same message size and
 //! queue, confirms pipelined with a bounded window.
 
+use crate::cost::broker_cpu_seconds;
 use anyhow::Context as _;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -17,7 +18,7 @@ pub fn amqp_url() -> String {
 }
 
 /// Best publish rate over the tried windows.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Baseline {
     /// Messages per run.
     pub events: usize,
@@ -28,19 +29,37 @@ pub struct Baseline {
     /// CPU time of this process per message in that run: what lapin alone costs, for
     /// comparison with the relay's CPU per event.
     pub cpu_us: f64,
+    /// RabbitMQ's CPU per message in that run (its `beam.smp` processes, from /proc);
+    /// `None` when the broker is not on this machine.
+    pub broker_us: Option<f64>,
 }
 
 impl Baseline {
+    /// Its own CPU + the broker's per message; `None` when the broker's is unknown.
+    pub fn all_in_us(&self) -> Option<f64> {
+        Some(self.cpu_us + self.broker_us?)
+    }
+
     /// Prints the table line and the JSON line.
     pub fn print(self) {
+        let us = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.1}"));
         println!(
-            "baseline: {} messages, best window {}: {:.0} msg/s, CPU {:.1} µs/message",
-            self.events, self.window, self.rate, self.cpu_us
+            "baseline: {} messages, best window {}: {:.0} msg/s, CPU {:.1} µs/message | \
+             broker CPU {} µs/message | all in {} µs/message",
+            self.events,
+            self.window,
+            self.rate,
+            self.cpu_us,
+            us(self.broker_us),
+            us(self.all_in_us())
         );
+        let tenth = |v: f64| (v * 10.0).round() / 10.0;
         println!(
             "{}",
             serde_json::json!({"scenario": "baseline", "events": self.events, "window": self.window,
-                "events_per_sec": self.rate.round(), "cpu_us_per_event": (self.cpu_us * 10.0).round() / 10.0})
+                "events_per_sec": self.rate.round(), "cpu_us_per_event": tenth(self.cpu_us),
+                "broker_cpu_us_per_message": self.broker_us.map(tenth),
+                "all_in_cpu_us_per_message": self.all_in_us().map(tenth)})
         );
     }
 }
@@ -64,11 +83,10 @@ pub async fn run(events: usize, body_bytes: usize) -> anyhow::Result<Baseline> {
     let body = vec![b'x'; body_bytes];
     let mut best = Baseline {
         events,
-        rate: 0.0,
-        window: 0,
-        cpu_us: 0.0,
+        ..Baseline::default()
     };
     for window in [256, 1024] {
+        let broker_before = broker_cpu_seconds(&crate::process::all());
         let cpu_before = crate::process::cpu_seconds();
         let started = Instant::now();
         let mut in_flight = VecDeque::with_capacity(window);
@@ -95,12 +113,16 @@ pub async fn run(events: usize, body_bytes: usize) -> anyhow::Result<Baseline> {
         }
         let rate = events as f64 / started.elapsed().as_secs_f64();
         let cpu_us = (crate::process::cpu_seconds() - cpu_before) / events.max(1) as f64 * 1e6;
+        let broker_us = broker_cpu_seconds(&crate::process::all())
+            .zip(broker_before)
+            .map(|(now, then)| (now - then) / events.max(1) as f64 * 1e6);
         if rate > best.rate {
             best = Baseline {
                 events,
                 rate,
                 window,
                 cpu_us,
+                broker_us,
             };
         }
         channel

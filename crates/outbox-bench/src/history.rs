@@ -84,6 +84,7 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
     drained.check_order()?;
     let empty_rate = rate(&drained, events);
     print_run("empty table", 0, &drained, empty_rate);
+    let empty_cost = cost_json(&drained);
 
     let bench = Bench::setup(args.backend, |settings| {
         if let Some(retention) = &args.retention {
@@ -105,6 +106,7 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
     println!("  settled the pre-fill in {settle_seconds:.1} s");
     let mut rates = Vec::new();
     let mut health = Vec::new();
+    let mut costs = Vec::new();
     let mut duplicates = drained.report.duplicates;
     for k in 1..=args.runs {
         let history = args.rows + (k - 1) * events as u64;
@@ -127,6 +129,7 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
             rate,
         );
         rates.push(rate);
+        costs.push(cost_json(&drained));
         let after = table_health(&bench).await?;
         println!("  {:<18} {after}", "");
         health.push(after);
@@ -157,6 +160,8 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
             "worst_ratio": round(worst_ratio, 2),
             "retention": args.retention,
             "table_after_runs": health,
+            "empty_cost": empty_cost,
+            "history_cost": costs,
             "duplicates": duplicates,
         })
     );
@@ -171,10 +176,21 @@ fn print_run(label: &str, history: u64, drained: &Drained, rate: f64) {
     println!(
         "  {label:<18} {history:>9} published rows before | {rate:>7.0} events/s in {:.2} s | CPU {:.1} µs/event | peak RSS {:.1} MiB | {} duplicates",
         drained.seconds,
-        drained.cpu / drained.report.delivered.max(1) as f64 * 1e6,
+        drained.cost.relay_us(),
         drained.rss_mib,
         drained.report.duplicates,
-    )
+    );
+    println!("  {:<18} cost: {}", "", drained.cost.summary());
+}
+
+/// A run's cost fields, with the relay's CPU among them.
+fn cost_json(drained: &Drained) -> serde_json::Value {
+    let mut fields = drained.cost.json();
+    fields.insert(
+        "cpu_us_per_event".into(),
+        round(drained.cost.relay_us(), 1).into(),
+    );
+    fields.into()
 }
 
 /// What the runs leave behind that only housekeeping removes (issue 17, point 3), read

@@ -1,6 +1,7 @@
 //! `idle`: what a relay with nothing to do costs — its own CPU, and the database's queries
 //! and CPU — so that the wake-ups' price is a figure (BENCHMARKS.md, wake-ups).
 
+use crate::cost::DbServer;
 use crate::process;
 use crate::scenario::{round, Backend, Bench};
 use clap::Args;
@@ -42,11 +43,12 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
     let relay = start_relay(&bench.config, &bench.store, &broker).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let db = bench.store.connection().clone();
-    let server = ServerLoad::read(&db).await?;
+    let db_server = DbServer::find(&db).await;
+    let server = ServerLoad::read(&db, &db_server).await?;
     let cpu = process::cpu_seconds();
     tokio::time::sleep(Duration::from_secs(args.seconds)).await;
     let cpu = process::cpu_seconds() - cpu;
-    let server = ServerLoad::read(&db).await?.since(&server);
+    let server = ServerLoad::read(&db, &db_server).await?.since(&server);
     relay.shutdown().await?;
     broker.close().await;
     bench.teardown().await?;
@@ -80,24 +82,23 @@ struct ServerLoad {
     /// Transactions (PostgreSQL: every statement outside one is one) or statements
     /// (MySQL `Questions`) of the whole server; `None` for SQLite, which has no server.
     statements: Option<f64>,
-    /// CPU seconds of the server's processes (all `postgres` processes, or `mariadbd`).
+    /// CPU seconds of the server's processes ([`DbServer`]: PostgreSQL's postmaster and its
+    /// descendants, or `mariadbd`).
     cpu_seconds: Option<f64>,
 }
 
 impl ServerLoad {
-    async fn read(db: &DatabaseConnection) -> anyhow::Result<Self> {
+    async fn read(db: &DatabaseConnection, server: &DbServer) -> anyhow::Result<Self> {
         let backend = db.get_database_backend();
-        let (sql, process) = match backend {
-            sea_orm::DbBackend::Postgres => (
+        let sql = match backend {
+            sea_orm::DbBackend::Postgres => {
                 "SELECT (xact_commit + xact_rollback)::float8 AS n FROM pg_stat_database \
-                 WHERE datname = current_database()",
-                "postgres",
-            ),
-            sea_orm::DbBackend::MySql => (
+                 WHERE datname = current_database()"
+            }
+            sea_orm::DbBackend::MySql => {
                 "SELECT CAST(VARIABLE_VALUE AS DOUBLE) AS n FROM information_schema.GLOBAL_STATUS \
-                 WHERE VARIABLE_NAME = 'QUESTIONS'",
-                "mariadbd",
-            ),
+                 WHERE VARIABLE_NAME = 'QUESTIONS'"
+            }
             sea_orm::DbBackend::Sqlite => {
                 return Ok(Self {
                     statements: None,
@@ -111,7 +112,7 @@ impl ServerLoad {
             .ok_or_else(|| anyhow::anyhow!("no server statistics"))?;
         Ok(Self {
             statements: Some(row.try_get::<f64>("", "n")?),
-            cpu_seconds: Some(process::cpu_seconds_of(process)),
+            cpu_seconds: server.cpu_seconds(&process::all()),
         })
     }
 

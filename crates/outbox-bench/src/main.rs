@@ -4,9 +4,12 @@
 //! own. The figures and how to read them: BENCHMARKS.md.
 
 mod baseline;
+mod compare;
 mod consumer;
+mod cost;
 mod history;
 mod idle;
+mod latency;
 mod otlp_sink;
 mod process;
 mod scenario;
@@ -29,7 +32,7 @@ enum Scenario {
     /// A bare lapin publisher with pipelined confirms.
     Baseline(BaselineArgs),
     /// Commit → delivery latency at a steady insert rate.
-    Latency(scenario::LatencyArgs),
+    Latency(latency::LatencyArgs),
     /// `drain` over publishers × batch sizes, medians per cell.
     Matrix(scenario::MatrixArgs),
     /// Drains on an empty table, then on one with `--rows` published rows kept (no retention):
@@ -37,6 +40,9 @@ enum Scenario {
     History(history::HistoryArgs),
     /// An idle relay: its CPU, and the database's statements/s and CPU (wake-ups' cost).
     Idle(idle::IdleArgs),
+    /// One scenario run by two builds, interleaved over rounds: every figure's medians,
+    /// their ratio, and whether the rounds' spread is too large to call the difference.
+    Compare(compare::CompareArgs),
     /// The consumer child of `drain` and `latency` (started by them).
     #[command(hide = true)]
     Consume(consumer::ConsumeArgs),
@@ -65,10 +71,11 @@ fn main() -> ExitCode {
             Scenario::Baseline(args) => baseline::run(args.events, args.envelope_bytes)
                 .await
                 .map(|result| result.print()),
-            Scenario::Latency(args) => scenario::latency(args).await,
+            Scenario::Latency(args) => latency::run(args).await,
             Scenario::Matrix(args) => scenario::matrix(args).await,
             Scenario::History(args) => history::run(args).await,
             Scenario::Idle(args) => idle::run(args).await,
+            Scenario::Compare(args) => compare::run(args).await,
             Scenario::Consume(args) => consumer::run(args).await,
             Scenario::OtlpSink(args) => otlp_sink::run(args).await,
         }

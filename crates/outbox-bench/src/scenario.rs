@@ -2,14 +2,16 @@
 //! ([`crate::consumer`]) in a child process on a durable queue bound to the relay's
 //! exchange.
 
-use crate::consumer::{unix_nanos, Consume, ConsumerProcess, Report};
+use crate::baseline::{self, Baseline};
+use crate::consumer::{Consume, ConsumerProcess, Report};
+use crate::cost::{Cost, CostWatch};
 use crate::otlp_sink::SinkProcess;
-use crate::{baseline, process};
+use crate::process;
 use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
 use outbox_amqp::tap::{delete_exchange, delete_queue};
 use outbox_cli::settings::{Config, OutboxSettings, Settings};
-use outbox_cli::startup::{open_broker, open_outboxes, start_relay, start_relays, OpenOutbox};
+use outbox_cli::startup::{open_broker, open_outboxes, start_relays, OpenOutbox};
 use outbox_cli::traces::Traces;
 use outbox_store::{insert_events, NewEvent, SeaOrmStore};
 use sea_orm::{ConnectionTrait as _, Statement};
@@ -101,51 +103,6 @@ pub struct MatrixArgs {
     runs: usize,
 }
 
-/// `latency` options.
-#[derive(Debug, Args)]
-pub struct LatencyArgs {
-    /// Database backend.
-    #[arg(long, value_enum, default_value = "postgres")]
-    backend: Backend,
-    /// Inserts per second, one event per transaction; `--rate 2` (one every 500 ms) times
-    /// lone events on an otherwise idle relay.
-    #[arg(long, default_value_t = 500)]
-    rate: u64,
-    /// How long the producer runs.
-    #[arg(long, default_value_t = 30)]
-    seconds: u64,
-    /// Rooms.
-    #[arg(long, default_value_t = 100)]
-    rooms: usize,
-    /// `relay.publishers`.
-    #[arg(long, default_value_t = 4)]
-    publishers: i64,
-    /// Turn PostgreSQL's LISTEN/NOTIFY off (`database.notify = false`): it probes instead,
-    /// or only polls with `--no-probe` too.
-    #[arg(long)]
-    no_notify: bool,
-    /// Turn the probe off (`database.probe = false`): SQLite, MySQL/MariaDB and PostgreSQL
-    /// with `--no-notify` only poll, for the old figure.
-    #[arg(long)]
-    no_probe: bool,
-    /// Repeat the run this many times and report each run and the medians.
-    #[arg(long, default_value_t = 1)]
-    runs: usize,
-}
-
-impl LatencyArgs {
-    /// The wake-up mechanism these options leave the relay (docs/design.md#wake-ups-and-backoff):
-    /// `notify`, `probe`, `data_version`, or `none` (polling only).
-    fn wake_ups(&self) -> &'static str {
-        match self.backend {
-            Backend::Postgres if !self.no_notify => "notify",
-            _ if self.no_probe => "none",
-            Backend::Postgres | Backend::Mysql => "probe",
-            Backend::Sqlite => "data_version",
-        }
-    }
-}
-
 /// A fresh table and exchange for one run; the consumer runs in its own process.
 pub(crate) struct Bench {
     /// The database it runs on.
@@ -156,7 +113,7 @@ pub(crate) struct Bench {
     /// Every outbox, opened: one unless `drain --outboxes`.
     outboxes: Vec<OpenOutbox>,
     /// The relay's exchange, and the consumer's queue of the same name.
-    queue: String,
+    pub(crate) queue: String,
     sqlite_file: Option<std::path::PathBuf>,
 }
 
@@ -210,29 +167,32 @@ impl Bench {
 
     /// Waits until no row is pending, asking every 10 ms with the cheapest question the
     /// partial pending index answers (`stats()` would count the whole table each time).
-    async fn wait_all_marked(&self, deadline: Duration) -> anyhow::Result<()> {
+    /// Returns how many questions it asked (the database counts them as transactions).
+    pub(crate) async fn wait_all_marked(&self, deadline: Duration) -> anyhow::Result<u64> {
         let until = Instant::now() + deadline;
+        let mut asked = 0;
         for outbox in &self.outboxes {
             let db = outbox.store.connection();
             let sql = format!(
                 "SELECT 1 AS one FROM {} WHERE status = 'pending' LIMIT 1",
                 outbox.store.table()
             );
-            while db
-                .query_one(Statement::from_string(
+            while {
+                asked += 1;
+                db.query_one(Statement::from_string(
                     db.get_database_backend(),
                     sql.clone(),
                 ))
                 .await?
                 .is_some()
-            {
+            } {
                 if Instant::now() > until {
                     bail!("not every event was marked within {deadline:?}");
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-        Ok(())
+        Ok(asked)
     }
 
     /// Inserts `events` pending events, ids `{prefix}-{n:08}`, room `n % rooms`, a chunk at
@@ -285,25 +245,34 @@ impl Bench {
     ) -> anyhow::Result<Drained> {
         let mut consumer =
             ConsumerProcess::start(&self.queue, events, rooms, false, consume).await?;
+        let tables = self
+            .outboxes
+            .iter()
+            .map(|o| o.store.table().as_str().to_owned());
+        let mut cost = CostWatch::start(self.store.connection(), tables.collect()).await;
         process::reset_peak_rss();
-        let cpu_before = process::cpu_seconds();
         let started = Instant::now();
         let broker = open_broker(&self.config).await?;
         let relays = start_relays(&self.config, &self.outboxes, &broker).await?;
         let deadline = Duration::from_secs(120).max(Duration::from_millis(events as u64 * 2));
         // Every row marked means every publish was confirmed: the broker holds every event.
-        if let Err(error) = self.wait_all_marked(deadline).await {
-            // Stopped before the error returns: a relay dropped with the runtime would
-            // drop its PostgreSQL listener outside it (a panic, and the consumer child left).
-            let _ = relays.shutdown(self.config.relay.shutdown_timeout).await;
-            broker.close().await;
-            return Err(error);
-        }
+        let asked = match self.wait_all_marked(deadline).await {
+            Ok(asked) => asked,
+            Err(error) => {
+                // Stopped before the error returns: a relay dropped with the runtime would
+                // drop its PostgreSQL listener outside it (a panic, and the consumer child left).
+                let _ = relays.shutdown(self.config.relay.shutdown_timeout).await;
+                broker.close().await;
+                return Err(error);
+            }
+        };
         let seconds = started.elapsed().as_secs_f64();
-        let cpu = process::cpu_seconds() - cpu_before;
+        cost.stop().await;
         let rss_mib = process::peak_rss_mib();
         relays.shutdown(self.config.relay.shutdown_timeout).await?;
         broker.close().await;
+        // After the relay stopped: its connections' statistics are complete.
+        let cost = cost.finish(events, asked).await;
         // The consumer checks that every event is there, once or more, in room order.
         if consume == Consume::Later {
             consumer.release()?;
@@ -314,9 +283,9 @@ impl Bench {
         }
         Ok(Drained {
             seconds,
-            cpu,
             rss_mib,
             report,
+            cost,
         })
     }
 
@@ -367,12 +336,13 @@ pub(crate) fn event(run: &str, n: usize, rooms: usize, bytes: usize) -> NewEvent
 pub(crate) struct Drained {
     /// Relay start → every row marked.
     pub(crate) seconds: f64,
-    /// CPU seconds of this process (the relay) meanwhile.
-    pub(crate) cpu: f64,
     /// Peak RSS of this process meanwhile.
     pub(crate) rss_mib: f64,
     /// The consumer's account.
     pub(crate) report: Report,
+    /// CPU of this process (the relay), the database's and the broker's meanwhile, and
+    /// the database's work.
+    pub(crate) cost: Cost,
 }
 
 impl Drained {
@@ -393,23 +363,27 @@ impl Drained {
 struct DrainRun {
     seconds: f64,
     rate: f64,
-    cpu_us: f64,
     rss_mib: f64,
     duplicates: usize,
-    /// Baseline rate in the same run, when measured.
-    baseline: Option<f64>,
-    /// The baseline's CPU µs per message (lapin alone), when measured.
-    baseline_cpu_us: Option<f64>,
+    /// The relay's CPU, the database's and the broker's.
+    cost: Cost,
+    /// The bare lapin publisher in the same run, when measured.
+    baseline: Option<Baseline>,
 }
 
 impl DrainRun {
     fn ratio(&self) -> Option<f64> {
-        self.baseline.map(|baseline| self.rate / baseline)
+        self.baseline.map(|baseline| self.rate / baseline.rate)
+    }
+
+    /// All-in CPU per event ÷ the bare publisher's all-in CPU per message.
+    fn all_in_ratio(&self) -> Option<f64> {
+        Some(self.cost.all_in_us()? / self.baseline?.all_in_us()?)
     }
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
-fn median(mut values: Vec<f64>) -> f64 {
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_unstable_by(f64::total_cmp);
     let n = values.len();
     match n {
@@ -449,18 +423,28 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
             "  {:>7.0} events/s in {:.2} s | CPU {:.1} µs/event | peak RSS {:.1} MiB | {} duplicates{}",
             run.rate,
             run.seconds,
-            run.cpu_us,
+            run.cost.relay_us(),
             run.rss_mib,
             run.duplicates,
             match run.baseline {
                 Some(baseline) => format!(
-                    " | baseline {baseline:.0} msg/s, CPU {:.1} µs/message | ratio {:.2}",
-                    run.baseline_cpu_us.unwrap_or(f64::NAN),
-                    run.rate / baseline
+                    " | baseline {:.0} msg/s, CPU {:.1} µs/message | ratio {:.2}",
+                    baseline.rate,
+                    baseline.cpu_us,
+                    run.rate / baseline.rate
                 ),
                 None => String::new(),
             }
         );
+        println!("    cost: {}", run.cost.summary());
+        if let Some(baseline) = run.baseline {
+            println!(
+                "    bare publisher: broker CPU {} µs/message | all in {} µs/message | all in ÷ bare {}",
+                optional(baseline.broker_us, 1),
+                optional(baseline.all_in_us(), 1),
+                optional(run.all_in_ratio(), 2)
+            );
+        }
         let mut json = drain_json(&args, &[run]);
         json["seconds"] = round(run.seconds, 3).into();
         println!("{json}");
@@ -469,13 +453,21 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
     if runs.len() > 1 {
         let json = drain_json(&args, &runs);
         println!(
-            "  median of {}: {} events/s, CPU {} µs/event, peak RSS {} MiB{}",
+            "  median of {}: {} events/s, CPU {} µs/event, peak RSS {} MiB{}, db CPU {} µs/event, \
+             broker CPU {} µs/message, all in {} µs/event{}",
             runs.len(),
             json["events_per_sec"],
             json["cpu_us_per_event"],
             json["peak_rss_mib"],
             match json.get("ratio") {
                 Some(ratio) => format!(", ratio {ratio}"),
+                None => String::new(),
+            },
+            json["db_cpu_us_per_event"],
+            json["broker_cpu_us_per_message"],
+            json["all_in_cpu_us_per_event"],
+            match json.get("all_in_ratio") {
+                Some(ratio) => format!(", all in ÷ bare {ratio}"),
                 None => String::new(),
             }
         );
@@ -506,12 +498,17 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
 /// The JSON line of one run, or of the medians of several.
 fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
     let pick = |f: fn(&DrainRun) -> f64| median(runs.iter().map(f).collect());
+    // The median of the runs that have the figure; `None` when none has it.
+    let some = |f: &dyn Fn(&DrainRun) -> Option<f64>, digits| {
+        let values: Vec<f64> = runs.iter().filter_map(f).collect();
+        (!values.is_empty()).then(|| round(median(values), digits))
+    };
     let mut json = serde_json::json!({
         "scenario": "drain", "backend": format!("{:?}", args.backend).to_lowercase(),
         "events": args.events, "rooms": args.rooms, "publishers": args.publishers,
         "batch_size": args.batch_size, "ordering": args.ordering, "runs": runs.len(),
         "events_per_sec": pick(|r| r.rate).round(),
-        "cpu_us_per_event": round(pick(|r| r.cpu_us), 1),
+        "cpu_us_per_event": round(pick(|r| r.cost.relay_us()), 1),
         "peak_rss_mib": round(pick(|r| r.rss_mib), 1),
         "duplicates": runs.iter().map(|r| r.duplicates).sum::<usize>(),
         "consume_after": args.consume_after, "outboxes": args.outboxes, "otlp": args.otlp,
@@ -519,13 +516,36 @@ fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
         "mb_per_sec": round(pick(|r| r.rate) * args.envelope_bytes as f64 / 1e6, 1),
         "max_inflight_bytes": args.max_inflight_bytes,
     });
+    // The whole cost: each figure the median of the runs' (rounded as one run's is).
+    if let Some(first) = runs.first() {
+        for (key, value) in first.cost.json() {
+            let values: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.cost.json().get(&key).and_then(serde_json::Value::as_f64))
+                .collect();
+            json[key.as_str()] = match value {
+                serde_json::Value::Number(_) if !values.is_empty() => median(values).into(),
+                other => other,
+            };
+        }
+    }
     if runs.iter().all(|r| r.baseline.is_some()) && !runs.is_empty() {
-        json["baseline_events_per_sec"] = pick(|r| r.baseline.unwrap_or(0.0)).round().into();
+        let baseline = |r: &DrainRun| r.baseline.unwrap_or_default();
+        json["baseline_events_per_sec"] =
+            pick(|r| r.baseline.unwrap_or_default().rate).round().into();
         json["ratio"] = round(pick(|r| r.ratio().unwrap_or(0.0)), 2).into();
         json["baseline_cpu_us_per_event"] =
-            round(pick(|r| r.baseline_cpu_us.unwrap_or(0.0)), 1).into();
+            round(pick(|r| r.baseline.unwrap_or_default().cpu_us), 1).into();
+        json["baseline_broker_cpu_us_per_message"] = some(&|r| baseline(r).broker_us, 1).into();
+        json["baseline_all_in_cpu_us_per_message"] = some(&|r| baseline(r).all_in_us(), 1).into();
+        json["all_in_ratio"] = some(&|r| r.all_in_ratio(), 2).into();
     }
     json
+}
+
+/// `value` rounded to `digits`, or `n/a`.
+fn optional(value: Option<f64>, digits: usize) -> String {
+    value.map_or("n/a".into(), |v| format!("{v:.digits$}"))
 }
 
 async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
@@ -565,20 +585,13 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     } else {
         Some(baseline::run(args.events, args.envelope_bytes as usize).await?)
     };
-    let Drained {
-        seconds,
-        cpu,
-        rss_mib,
-        report,
-    } = drained;
     Ok(DrainRun {
-        seconds,
-        rate: args.events as f64 / seconds,
-        cpu_us: cpu / args.events as f64 * 1e6,
-        rss_mib,
-        duplicates: report.duplicates,
-        baseline: baseline.map(|b| b.rate),
-        baseline_cpu_us: baseline.map(|b| b.cpu_us),
+        seconds: drained.seconds,
+        rate: args.events as f64 / drained.seconds,
+        rss_mib: drained.rss_mib,
+        duplicates: drained.report.duplicates,
+        cost: drained.cost,
+        baseline,
     })
 }
 
@@ -629,118 +642,3 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<()> {
 const PREFILL_CHUNK: usize = 500;
 /// Envelope bytes per pre-fill statement, at most (one event when larger).
 const PREFILL_BYTES: usize = 8 * 1024 * 1024;
-
-/// Commit → delivery percentiles of one `latency` run, in milliseconds.
-#[derive(Debug, Clone, Copy)]
-struct LatencyRun {
-    p50: f64,
-    p90: f64,
-    p99: f64,
-    max: f64,
-    duplicates: usize,
-}
-
-/// Inserts at a steady rate while the relay runs; reports commit → delivery percentiles,
-/// `--runs` times.
-pub async fn latency(args: LatencyArgs) -> anyhow::Result<()> {
-    let backend = format!("{:?}", args.backend).to_lowercase();
-    let wake_ups = args.wake_ups();
-    println!(
-        "latency: {backend}, {} events/s for {} s, {} rooms, commit → delivery, wake-ups {}",
-        args.rate,
-        args.seconds,
-        args.rooms,
-        if wake_ups == "none" {
-            "none (polling)"
-        } else {
-            wake_ups
-        }
-    );
-    let json = |runs: &[LatencyRun]| {
-        let pick = |f: fn(&LatencyRun) -> f64| round(median(runs.iter().map(f).collect()), 2);
-        serde_json::json!({"scenario": "latency", "backend": backend, "rate": args.rate,
-            "seconds": args.seconds, "rooms": args.rooms, "events": args.rate * args.seconds,
-            "wake_ups": wake_ups, "runs": runs.len(),
-            "duplicates": runs.iter().map(|r| r.duplicates).sum::<usize>(),
-            "p50_ms": pick(|r| r.p50), "p90_ms": pick(|r| r.p90), "p99_ms": pick(|r| r.p99),
-            "max_ms": pick(|r| r.max)})
-    };
-    let mut runs = Vec::with_capacity(args.runs);
-    for _ in 0..args.runs.max(1) {
-        let run = latency_once(&args).await?;
-        println!(
-            "  p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
-            run.p50, run.p90, run.p99, run.max
-        );
-        println!("{}", json(&[run]));
-        runs.push(run);
-    }
-    if runs.len() > 1 {
-        let medians = json(&runs);
-        println!(
-            "  median of {}: p50 {} ms  p90 {} ms  p99 {} ms  max {} ms",
-            runs.len(),
-            medians["p50_ms"],
-            medians["p90_ms"],
-            medians["p99_ms"],
-            medians["max_ms"]
-        );
-        println!("{medians}");
-    }
-    Ok(())
-}
-
-async fn latency_once(args: &LatencyArgs) -> anyhow::Result<LatencyRun> {
-    let bench = Bench::setup(args.backend, |settings| {
-        settings.relay.publishers = args.publishers;
-        settings.database.notify = !args.no_notify;
-        settings.database.probe = !args.no_probe;
-    })
-    .await?;
-    let total = (args.rate * args.seconds) as usize;
-    let consumer =
-        ConsumerProcess::start(&bench.queue, total, args.rooms, true, Consume::Now).await?;
-    let broker = open_broker(&bench.config).await?;
-    let relay = start_relay(&bench.config, &bench.store, &broker).await?;
-    let run = bench.store.table().as_str().to_owned();
-    // One event past the timed ones (the consumer ignores it), relayed and marked before
-    // the clock starts: the first timed event finds the relay idle, not starting up.
-    let warm_up = event(&run, total, args.rooms, 512);
-    insert_events(bench.store.connection(), bench.store.table(), &[warm_up]).await?;
-    bench.wait_all_marked(Duration::from_secs(60)).await?;
-    let mut committed = vec![0i64; total];
-    let started = tokio::time::Instant::now();
-    let period = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
-    for (n, at) in committed.iter_mut().enumerate() {
-        tokio::time::sleep_until(started + period * n as u32).await;
-        let event = event(&run, n, args.rooms, 512);
-        insert_events(bench.store.connection(), bench.store.table(), &[event]).await?;
-        // Taken once the commit returned: the moment the event exists for everyone else.
-        *at = unix_nanos();
-    }
-    let report = consumer.finish(Duration::from_secs(60)).await?;
-    relay.shutdown().await?;
-    broker.close().await;
-    bench.teardown().await.context("teardown")?;
-    let mut latencies: Vec<f64> = report
-        .times
-        .iter()
-        .zip(&committed)
-        .map(|(delivered, committed)| (delivered - committed).max(0) as f64 / 1e6)
-        .collect();
-    if latencies.is_empty() {
-        bail!("no delivery times were reported");
-    }
-    latencies.sort_unstable_by(f64::total_cmp);
-    let pick = |q: f64| {
-        let rank = ((q * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len());
-        latencies[rank - 1]
-    };
-    Ok(LatencyRun {
-        p50: pick(0.5),
-        p90: pick(0.9),
-        p99: pick(0.99),
-        max: pick(1.0),
-        duplicates: report.duplicates,
-    })
-}
