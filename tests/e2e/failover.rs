@@ -8,8 +8,8 @@ use outbox_cli::settings::Settings;
 use outbox_store::{insert_events, NewEvent, TableName};
 use outbox_tests::replica::{MariaServer, PgPair};
 use outbox_tests::{
-    assert_every_event_delivered, eventually, http_get, room_events, unique_name, FaultProxy,
-    RelayProcess, TestBroker,
+    assert_every_event_delivered, eventually, http_get, room_events, settings_on, unique_name,
+    FaultProxy, RelayProcess, TestBroker,
 };
 use sea_orm::{AccessMode, ConnectionTrait, DatabaseConnection, TransactionTrait};
 use std::net::SocketAddr;
@@ -21,18 +21,10 @@ const RESUMES_WITHIN: Duration = Duration::from_secs(5);
 
 /// A relay on `url`'s table, JSON logs, its metrics endpoint on a free port.
 fn relay_settings(url: &str, table: &TableName, broker: &TestBroker) -> Settings {
-    let mut settings = Settings::default();
-    settings.database.url = url.to_owned();
-    settings.database.table = table.as_str().to_owned();
-    settings.database.migrate_on_start = false;
-    settings.amqp.url = broker.url.clone();
-    settings.amqp.exchange = broker.exchange.clone();
-    settings.relay.node_id = unique_name("node");
-    settings.relay.poll_interval = "100ms".into();
-    settings.relay.publish_timeout = "3s".into();
-    settings.metrics.listen = "127.0.0.1:0".into();
-    settings.log.format = "json".into();
-    settings
+    settings_on(url, table, broker, |settings| {
+        settings.metrics.listen = "127.0.0.1:0".into();
+        settings.log.format = "json".into();
+    })
 }
 
 /// A migrated outbox table on the server at `url`, and a pool there for the producer.

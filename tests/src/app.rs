@@ -5,7 +5,7 @@
 use crate::relay::InProcessRelay;
 use crate::{assert_every_event_delivered, seed, unique_name, Backend, TestBroker, TestDatabase};
 use outbox_cli::settings::{Config, Settings};
-use outbox_store::NewEvent;
+use outbox_store::{NewEvent, TableName};
 use std::time::Duration;
 
 /// Settings for a relay on `database` and `broker`, fast enough for tests, adjusted by
@@ -15,9 +15,19 @@ pub fn test_settings(
     broker: &TestBroker,
     adjust: impl FnOnce(&mut Settings),
 ) -> Settings {
+    settings_on(&database.url, &database.table, broker, adjust)
+}
+
+/// [`test_settings`] for a table on a database the test set up itself (`url`).
+pub fn settings_on(
+    url: &str,
+    table: &TableName,
+    broker: &TestBroker,
+    adjust: impl FnOnce(&mut Settings),
+) -> Settings {
     let mut settings = Settings::default();
-    settings.database.url = database.url.clone();
-    settings.database.table = database.table.as_str().to_owned();
+    settings.database.url = url.to_owned();
+    settings.database.table = table.as_str().to_owned();
     settings.database.migrate_on_start = false;
     settings.amqp.url = broker.url.clone();
     settings.amqp.exchange = broker.exchange.clone();

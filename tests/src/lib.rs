@@ -16,7 +16,7 @@ pub mod relay;
 pub mod replica;
 pub mod tls_proxy;
 
-pub use app::{test_config, test_settings, AppBuilder, TestApp};
+pub use app::{settings_on, test_config, test_settings, AppBuilder, TestApp};
 pub use broker::{Received, TestBroker};
 pub use database::{Backend, TestDatabase};
 pub use events::{event, own_room_events, room_events, seed, TestEvent};
