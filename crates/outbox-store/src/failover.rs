@@ -284,6 +284,21 @@ pub(crate) trait Server: sqlx::Database {
     fn read_only(connection: &mut Self::Connection) -> Hook<'_, Option<ReadOnlyServer>>;
 }
 
+/// `scheme://user@host:port/database` (or `@socket/database`): a server as the logs name
+/// it, without a password.
+fn server_url(
+    scheme: &str,
+    user: &str,
+    socket: Option<&std::path::Path>,
+    (host, port): (&str, u16),
+    database: &str,
+) -> String {
+    match socket {
+        Some(socket) => format!("{scheme}://{user}@{}/{database}", socket.display()),
+        None => format!("{scheme}://{user}@{host}:{port}/{database}"),
+    }
+}
+
 /// PostgreSQL.
 pub(crate) type Postgres = sqlx::Postgres;
 /// MySQL and MariaDB.
@@ -291,16 +306,13 @@ pub(crate) type MySql = sqlx::MySql;
 
 impl Server for Postgres {
     fn describe(options: &PgConnectOptions) -> String {
-        let database = options.get_database().unwrap_or_default();
-        let user = options.get_username();
-        match options.get_socket() {
-            Some(socket) => format!("postgres://{user}@{}/{database}", socket.display()),
-            None => format!(
-                "postgres://{user}@{}:{}/{database}",
-                options.get_host(),
-                options.get_port()
-            ),
-        }
+        server_url(
+            "postgres",
+            options.get_username(),
+            options.get_socket().map(|socket| socket.as_path()),
+            (options.get_host(), options.get_port()),
+            options.get_database().unwrap_or_default(),
+        )
     }
 
     fn read_only(connection: &mut sqlx::PgConnection) -> Hook<'_, Option<ReadOnlyServer>> {
@@ -327,16 +339,13 @@ impl Server for Postgres {
 
 impl Server for MySql {
     fn describe(options: &MySqlConnectOptions) -> String {
-        let database = options.get_database().unwrap_or_default();
-        let user = options.get_username();
-        match options.get_socket() {
-            Some(socket) => format!("mysql://{user}@{}/{database}", socket.display()),
-            None => format!(
-                "mysql://{user}@{}:{}/{database}",
-                options.get_host(),
-                options.get_port()
-            ),
-        }
+        server_url(
+            "mysql",
+            options.get_username(),
+            options.get_socket().map(|socket| socket.as_path()),
+            (options.get_host(), options.get_port()),
+            options.get_database().unwrap_or_default(),
+        )
     }
 
     fn read_only(connection: &mut sqlx::MySqlConnection) -> Hook<'_, Option<ReadOnlyServer>> {
