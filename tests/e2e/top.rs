@@ -256,6 +256,30 @@ async fn top_once_prints_the_backlog_oldest_age_and_dead_that_status_prints() {
     assert_eq!(number(&row[4]), status["pending"].as_f64(), "{top}");
     assert_eq!(number(&row[6]), status["dead"].as_f64(), "{top}");
 
+    // Only nodes that do not answer: the table, and exit code 1.
+    let output = run_binary(
+        crate::RELAY,
+        &app.settings,
+        &["top", "--once", &unreachable.to_string()],
+    );
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("unreachable"),
+        "{output:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("no node answered (1 asked)"),
+        "{output:?}"
+    );
+
+    // The live view off a terminal: a usage error pointing at --once.
+    let output = run_binary(crate::RELAY, &app.settings, &["top", &url]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("top --once"),
+        "{output:?}"
+    );
+
     // No URL and no metrics.listen: a usage error naming the setting.
     let output = run_binary(
         crate::RELAY,

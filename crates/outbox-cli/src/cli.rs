@@ -117,7 +117,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct TopArgs {
     /// Print one plain table (a header row, then one row per outbox and node, worst
-    /// first) and exit, for scripts: no screen, no keys.
+    /// first) and exit, for scripts: no screen, no keys. Exit code 1 when no node answered.
     #[arg(long)]
     pub once: bool,
     /// The nodes' metrics endpoints, such as http://relay-1:9187/metrics or relay-1:9187

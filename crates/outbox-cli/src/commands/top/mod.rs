@@ -16,6 +16,7 @@ use crate::startup::ConfigProblem;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use scrape::{Look, Target};
 use std::collections::VecDeque;
+use std::io::IsTerminal as _;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -27,7 +28,7 @@ const WINDOW: Duration = Duration::from_secs(10);
 const KEY_POLL: Duration = Duration::from_millis(50);
 
 /// Runs `top`: the live view, or with `--once` one plain table (two looks a second apart,
-/// so the rates are real).
+/// so the rates are real; an error, exit code 1, when no node answered).
 pub async fn top(config: Config, args: TopArgs) -> anyhow::Result<()> {
     let targets = targets(&config, &args.urls)?;
     let mut history: Vec<VecDeque<Look>> = vec![VecDeque::new(); targets.len()];
@@ -39,7 +40,22 @@ pub async fn top(config: Config, args: TopArgs) -> anyhow::Result<()> {
             "{}",
             rows::plain_table(&current_rows(&targets, &history)).trim_end()
         )?;
+        let answered = history
+            .iter()
+            .filter(|looks| looks.back().is_some_and(|look| look.figures.is_ok()))
+            .count();
+        if answered == 0 {
+            anyhow::bail!("no node answered ({} asked)", targets.len());
+        }
         return Ok(());
+    }
+    if !std::io::stdout().is_terminal() {
+        return Err(ConfigProblem(
+            "top draws on a terminal and standard output is not one; use `top --once` for a \
+             plain table"
+                .into(),
+        )
+        .into());
     }
     let mut terminal = ratatui::try_init()?;
     let outcome = live(&mut terminal, &targets, &mut history).await;
