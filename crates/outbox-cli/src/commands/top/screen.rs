@@ -53,3 +53,58 @@ pub fn draw(frame: &mut Frame<'_>, rows: &[Row], title: &str) {
         bottom,
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    fn row(node: &str, state: State) -> Row {
+        Row {
+            outbox: "orders".into(),
+            node: node.into(),
+            published_per_s: Some(812.5),
+            failed_per_s: Some(0.0),
+            backlog: Some(42.0),
+            oldest_age: Some(3.5),
+            dead: Some(1.0),
+            p99: Some(0.018),
+            state,
+        }
+    }
+
+    #[test]
+    fn the_screen_shows_the_title_the_header_each_row_and_the_keys() {
+        let mut terminal = Terminal::new(TestBackend::new(140, 6)).expect("a test terminal");
+        let rows = [row("relay-2", State::Blocked), row("relay-1", State::Up)];
+        terminal
+            .draw(|frame| draw(frame, &rows, "outbox-relay top: 2 of 2 node(s) answering"))
+            .expect("drawn");
+        let buffer = terminal.backend().buffer();
+        let lines: Vec<String> = (0..buffer.area.height)
+            .map(|y| {
+                (0..buffer.area.width)
+                    .map(|x| buffer[(x, y)].symbol())
+                    .collect::<String>()
+            })
+            .collect();
+        let screen = lines.join("\n");
+        assert!(lines[0].starts_with("outbox-relay top: 2 of 2"), "{screen}");
+        for title in HEADER {
+            assert!(lines[1].contains(title), "{title}:\n{screen}");
+        }
+        let cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            cells,
+            ["orders", "relay-2", "812.5", "0.0", "42", "3.5s", "1", "18ms", "blocked"],
+            "{screen}"
+        );
+        assert_eq!(buffer[(0, 2)].fg, Color::Yellow, "a blocked node in yellow");
+        assert!(
+            lines[3].contains("relay-1") && lines[3].trim_end().ends_with("up"),
+            "{screen}"
+        );
+        assert!(lines[5].starts_with("q: quit"), "{screen}");
+    }
+}
