@@ -68,6 +68,10 @@ mod startup;
 mod store;
 /// `amqps://` through a TLS proxy with a custom CA; PostgreSQL's `sslmode`.
 mod tls;
+/// `top`: a running relay's published/s and backlog on screen within 2 s in a
+/// pseudo-terminal (tmux), `q` quits; `--once` prints the backlog, oldest age and dead
+/// events `status` prints, an unreachable node first.
+mod top;
 /// OpenTelemetry: a producer span per publish at an OTLP receiver, parented to the row's
 /// `traceparent`, its context in the message's headers.
 mod traces;

@@ -102,6 +102,28 @@ pub enum Command {
     /// 1,000 (one short DELETE each), so it is safe while relays run. Pending rows are
     /// never deleted; dead rows only with --dead. --dry-run counts instead of deleting.
     Purge(PurgeArgs),
+    /// A live view of running relays: one row per outbox and node, refreshed every second.
+    ///
+    /// Reads the nodes' /metrics (the URLs given, else this host's metrics.listen) and
+    /// shows per outbox and node: published/s and failed/s (over the last 10 s), the
+    /// backlog and its oldest age (the table's, as every node sees it), events this node
+    /// marked dead since it started, the p99 of commit→confirm and the node's state (up,
+    /// database or broker down, blocked by a broker alarm, unreachable). Worst rows first.
+    /// `q` quits. --once prints one plain table instead (two looks a second apart).
+    Top(TopArgs),
+}
+
+/// `top` options.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Print one plain table (a header row, then one row per outbox and node, worst
+    /// first) and exit, for scripts: no screen, no keys. Exit code 1 when no node answered.
+    #[arg(long)]
+    pub once: bool,
+    /// The nodes' metrics endpoints, such as http://relay-1:9187/metrics or relay-1:9187
+    /// (then /metrics) [default: this host's metrics.listen].
+    #[arg(value_name = "URL")]
+    pub urls: Vec<String>,
 }
 
 /// `check-config` options.

@@ -12,7 +12,8 @@
 //! - [`signals`]: the stop signals (SIGINT, SIGTERM).
 //! - [`endpoint`]: the metrics and health endpoint of `run` (`/metrics`, `/healthz`,
 //!   `/readyz`).
-//! - [`commands`]: one module per subcommand.
+//! - [`commands`]: one module per subcommand (`top`, the terminal view, in a folder of its
+//!   own: scraping, rows, screen).
 
 pub mod cli;
 pub mod commands;

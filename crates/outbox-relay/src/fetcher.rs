@@ -274,7 +274,7 @@ impl Handler<Tick> for Fetcher {
                     fetcher.floor.claimed(now, asked, &claimed, full || cut_by_bytes);
                     let records = claimed.records;
                     let claimed = records.len();
-                    fetcher.sizes.claimed(claimed);
+                    fetcher.sizes.claimed(claimed, took);
                     fetcher.in_flight += claimed;
                     fetcher.in_flight_bytes += bytes;
                     if cut_by_bytes {

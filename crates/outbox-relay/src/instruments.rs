@@ -28,6 +28,9 @@ pub const PUBLISH_CONFIRM: &str = "outbox_publish_confirm_seconds";
 pub const COMMIT_TO_CONFIRM: &str = "outbox_commit_to_confirm_seconds";
 /// Histogram: rows per claim that returned rows.
 pub const CLAIM_BATCH_SIZE: &str = "outbox_claim_batch_size";
+/// Histogram: a successful claim's round trip to the database (every claim, empty ones
+/// too), in seconds.
+pub const CLAIM_DURATION: &str = "outbox_claim_seconds";
 /// Histogram: outcomes per committed flush of the Marker.
 pub const MARK_BATCH_SIZE: &str = "outbox_mark_batch_size";
 
@@ -42,6 +45,10 @@ pub const BUILD_INFO: &str = "outbox_relay_build_info";
 /// Gauge: 1 while the oldest pending row is older than `relay.max_pending_age`, else 0;
 /// present only when that setting is on. Set by the binary's endpoint.
 pub const PENDING_AGE_EXCEEDED: &str = "outbox_max_pending_age_exceeded";
+/// Gauge: `relay.max_pending_age` in seconds, the objective the oldest pending age is held
+/// to (a dashboard draws it beside the age); present only when that setting is on. Set by
+/// the binary's endpoint.
+pub const MAX_PENDING_AGE: &str = "outbox_max_pending_age_seconds";
 
 /// Registers the help text and unit of every metric with the installed recorder.
 pub fn describe() {
@@ -92,6 +99,16 @@ pub fn describe() {
         COMMIT_TO_CONFIRM,
         Unit::Seconds,
         "From the row's created_at to the broker's ack (acked publishes only)."
+    );
+    describe_gauge!(
+        MAX_PENDING_AGE,
+        Unit::Seconds,
+        "relay.max_pending_age: the objective for the oldest pending row's age."
+    );
+    describe_histogram!(
+        CLAIM_DURATION,
+        Unit::Seconds,
+        "A claim's round trip to the database (successful claims, empty ones included)."
     );
     describe_histogram!(
         CLAIM_BATCH_SIZE,
@@ -200,21 +217,25 @@ impl OutcomeCounters {
     }
 }
 
-/// The Fetcher's claim sizes.
+/// The Fetcher's claim sizes and durations.
 pub(crate) struct ClaimSizes {
     claim_batch: Histogram,
+    claim_duration: Histogram,
 }
 
 impl ClaimSizes {
     pub(crate) fn new(outbox: &str) -> Self {
         Self {
             claim_batch: histogram!(CLAIM_BATCH_SIZE, "outbox" => outbox.to_owned()),
+            claim_duration: histogram!(CLAIM_DURATION, "outbox" => outbox.to_owned()),
         }
     }
 
-    /// A claim returned `rows` rows (empty claims are not recorded: idle polls would
-    /// drown the sizes of the claims that did work).
-    pub(crate) fn claimed(&self, rows: usize) {
+    /// A claim returned `rows` rows after `took`. Its duration is always recorded (an
+    /// idle poll costs the database too); empty claims' sizes are not: idle polls would
+    /// drown the sizes of the claims that did work.
+    pub(crate) fn claimed(&self, rows: usize, took: Duration) {
+        self.claim_duration.record(took.as_secs_f64());
         if rows > 0 {
             self.claim_batch.record(rows as f64);
         }

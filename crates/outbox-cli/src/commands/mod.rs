@@ -17,6 +17,7 @@ mod migrate;
 mod purge;
 mod run;
 mod status;
+mod top;
 
 use crate::cli::Command;
 use crate::settings::Config;
@@ -47,6 +48,7 @@ pub async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Dead(command) => dead::dead(config, command).await,
         Command::Demo(args) => demo::demo(config, args).await,
         Command::Purge(args) => purge::purge(config, args).await,
+        Command::Top(args) => top::top(config, args).await,
     }
 }
 
