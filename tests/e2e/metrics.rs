@@ -155,6 +155,13 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
         Some(0.0),
         "registered at start, so it reads 0 rather than being absent"
     );
+    for reason in outbox_core::PublishError::REASONS {
+        assert_eq!(
+            sample(&text, "outbox_events_failed_total", &format!("reason=\"{reason}\"")),
+            Some(0.0),
+            "outbox_events_failed_total{{reason=\"{reason}\"}} present from the start at 0:\n{text}"
+        );
+    }
     // Each relay metric also names its outbox (the table, without [[outboxes]]).
     assert!(
         text.contains(&format!(
@@ -215,8 +222,32 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
         );
     }
 
+    // A failed attempt counts by its reason: a header AMQP cannot carry is `invalid`, and
+    // makes the row dead at once.
+    let mut invalid = outbox_tests::event("invalid-header", "metrics-dead");
+    invalid.headers = Some(r#"{"big":18446744073709551615}"#.into());
+    outbox_tests::seed(database, std::slice::from_ref(&invalid)).await;
+    eventually(
+        "outbox_events_failed_total{reason=\"invalid\"} and the dead counter at 1",
+        Duration::from_secs(30),
+        || async {
+            let text = get(address, "/metrics").await.1;
+            sample(&text, "outbox_events_failed_total", "reason=\"invalid\"") == Some(1.0)
+                && total(&text, "outbox_events_dead_total") == Some(1.0)
+        },
+    )
+    .await;
+    let text = get(address, "/metrics").await.1;
+    assert_eq!(
+        total(&text, "outbox_events_failed_total"),
+        Some(1.0),
+        "no other failure counted:\n{text}"
+    );
+
     // Serving metrics does not slow the shutdown down (publish_timeout + 2 s).
-    relay.stop(Duration::from_secs(5)).await;
+    relay
+        .stop(outbox_tests::within(Duration::from_secs(5)))
+        .await;
     app.teardown().await;
 }
 
