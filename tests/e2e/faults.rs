@@ -195,3 +195,58 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
     );
     app.teardown().await;
 }
+
+/// The README's broker row: a lost connection is re-established and the exchanges declared
+/// again (here the exchange was deleted meanwhile), one `broker connection lost` warning
+/// and one `broker connection re-established` line.
+#[actix_rt::test]
+async fn a_reconnect_declares_a_deleted_exchange_again_and_says_so_once() {
+    let (proxy, amqp) = FaultProxy::in_front_of(&amqp_url()).await;
+    let before = room_events("before", 10, 2);
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.amqp.url = amqp;
+            settings.relay.retry_interval = "100ms".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(&before)
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+
+    app.broker.delete_exchange().await;
+    assert!(!app.broker.exchange_exists().await, "deleted");
+    proxy.cut();
+    // The next publish finds the connection lost and reconnects.
+    let after = room_events("after", 10, 2);
+    outbox_tests::seed(&app.database, &after).await;
+    eventually(
+        "the exchange declared again after the reconnect",
+        Duration::from_secs(30),
+        || app.broker.exchange_exists(),
+    )
+    .await;
+    // Deleting the exchange took the test queue's binding with it; what was published
+    // before it is bound again came back unroutable and is retried.
+    app.broker.bind("#").await;
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    let received = app
+        .broker
+        .wait_for_each(&after, Duration::from_secs(30))
+        .await;
+    outbox_tests::assert_every_event_delivered(&received, &after);
+
+    let lost = relay.log_lines("broker connection lost");
+    assert_eq!(lost.len(), 1, "one warning:\n{}", relay.log_text());
+    assert_eq!(lost[0]["level"], "WARN", "{}", lost[0]);
+    let back = relay.log_lines("broker connection re-established");
+    assert_eq!(back.len(), 1, "one line:\n{}", relay.log_text());
+    assert_eq!(back[0]["level"], "INFO", "{}", back[0]);
+    relay.stop(within(Duration::from_secs(5))).await;
+    app.teardown().await;
+}

@@ -169,6 +169,36 @@ impl TestBroker {
         self.tap.as_ref().expect("the broker is open")
     }
 
+    /// Deletes the test's exchange (its bindings go with it), as an operator might.
+    pub async fn delete_exchange(&self) {
+        delete_exchange(self.tap().channel(), &self.exchange)
+            .await
+            .expect("exchange deleted");
+    }
+
+    /// Whether the test's exchange exists (a passive declare on a channel of its own, since
+    /// a failed one closes its channel).
+    pub async fn exchange_exists(&self) -> bool {
+        let channel = self.connection.create_channel().await.expect("channel");
+        let options = lapin::options::ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let exists = channel
+            .exchange_declare(
+                self.exchange.as_str().into(),
+                lapin::ExchangeKind::Topic,
+                options,
+                Default::default(),
+            )
+            .await
+            .is_ok();
+        if exists {
+            let _ = channel.close(200, "done".into()).await;
+        }
+        exists
+    }
+
     /// Everything received so far, in arrival order; panics if the consumer failed.
     pub fn received(&self) -> Vec<Received> {
         if let Some(why) = self.failed.lock().unwrap().as_ref() {
