@@ -246,3 +246,45 @@ async fn a_broker_refusing_a_changed_password_is_a_warning_at_each_attempt() {
         .await;
     app.teardown().await;
 }
+
+/// A node that accepts the TCP connection but never answers (a hung node) gives way to the
+/// next after `publish_timeout` (at least 1 s), as docs/operations.md says.
+#[actix_rt::test]
+async fn a_node_that_accepts_but_never_answers_gives_way_to_the_next() {
+    let hung = FaultProxy::start(broker()).await;
+    let other = FaultProxy::start(broker()).await;
+    hung.stall();
+    other.stall();
+    let events = room_events("hung", 50, 5);
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.amqp.url = format!(
+                "{}, {}",
+                through(hung.addr, &amqp_url()),
+                through(other.addr, &amqp_url())
+            );
+            settings.relay.publish_timeout = "1s".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(&events)
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    // Both hang: whichever node it began at, it gave way to the other.
+    outbox_tests::eventually(
+        "both hung nodes tried in turn",
+        Duration::from_secs(30),
+        || std::future::ready(hung.accepted() >= 1 && other.accepted() >= 1),
+    )
+    .await;
+    assert!(
+        app.broker.received().is_empty(),
+        "nothing delivered through a node that does not answer"
+    );
+    // One answers again: the relay gets past the hung one to it.
+    other.restore();
+    let received = app.broker.wait_for_each(&events, Duration::from_secs(60)).await;
+    outbox_tests::assert_every_event_delivered(&received, &events);
+    relay.stop(outbox_tests::within(Duration::from_secs(3))).await;
+    app.teardown().await;
+}
