@@ -283,8 +283,13 @@ async fn a_node_that_accepts_but_never_answers_gives_way_to_the_next() {
     );
     // One answers again: the relay gets past the hung one to it.
     other.restore();
-    let received = app.broker.wait_for_each(&events, Duration::from_secs(60)).await;
+    let received = app
+        .broker
+        .wait_for_each(&events, Duration::from_secs(60))
+        .await;
     outbox_tests::assert_every_event_delivered(&received, &events);
-    relay.stop(outbox_tests::within(Duration::from_secs(3))).await;
+    relay
+        .stop(outbox_tests::within(Duration::from_secs(3)))
+        .await;
     app.teardown().await;
 }

@@ -33,6 +33,9 @@ mod failover;
 mod failures;
 /// Broker and database links cut or stalled by a TCP proxy.
 mod faults;
+/// The documented log lines, each at its level and once per change: outcomes, the
+/// database's loss and return, `status=batch_failed`, readiness changes.
+mod logs;
 /// `/metrics` counts and times a run and carries the build and process series, `/readyz`
 /// and `outbox_up` follow the links, `relay.max_pending_age` follows the oldest row, an
 /// empty `metrics.listen` serves nothing; the backlog query behind the gauges.
@@ -48,12 +51,12 @@ mod outboxes;
 /// A least-privilege role on PostgreSQL and MariaDB relays; a missing privilege is named
 /// by `check-config` and `run` (exit code 2).
 mod privileges;
+/// `enqueue` in the caller's transaction, the README's plain INSERT, the trace context.
+mod producer;
 /// Promises of the README no other module keeps: `RUST_LOG` over `log.level`, who
 /// requeued, the `node_id` default, `amqp.content_type`, the demo, one-shot commands
 /// failing at once.
 mod promises;
-/// `enqueue` in the caller's transaction, the README's plain INSERT, the trace context.
-mod producer;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.
 mod retention;
 /// Passwords never reach `check-config`, logs or error messages; from the environment they

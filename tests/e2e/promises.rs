@@ -4,8 +4,8 @@
 
 use outbox_tests::output::{stderr, stdout};
 use outbox_tests::{
-    assert_within, event, output_within, room_events, settings_env, Backend, RelayProcess,
-    TestApp, TestBroker, CHILD_DEADLINE,
+    assert_within, event, output_within, room_events, settings_env, Backend, RelayProcess, TestApp,
+    TestBroker, CHILD_DEADLINE,
 };
 use std::time::{Duration, Instant};
 
@@ -46,7 +46,10 @@ async fn rust_log_wins_over_log_level_and_dead_requeue_logs_who_requeued() {
     let kill = || app.database.execute("UPDATE {t} SET status = 'dead'");
     kill().await;
     // log.level = error alone: the info line is not written.
-    assert_eq!(requeued_lines(&requeue_logging(&app, "error", None)), Vec::<serde_json::Value>::new());
+    assert_eq!(
+        requeued_lines(&requeue_logging(&app, "error", None)),
+        Vec::<serde_json::Value>::new()
+    );
     kill().await;
     // RUST_LOG = info wins over log.level = error.
     let lines = requeued_lines(&requeue_logging(&app, "error", Some("info")));
@@ -74,9 +77,14 @@ async fn the_node_id_defaults_to_hostname_pid() {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("the host name");
     let expected = format!("{}-{}", host.trim(), relay.pid());
     for message in &received {
-        assert_eq!(message.header("node_id").as_deref(), Some(expected.as_str()));
+        assert_eq!(
+            message.header("node_id").as_deref(),
+            Some(expected.as_str())
+        );
     }
-    relay.stop(outbox_tests::within(Duration::from_secs(5))).await;
+    relay
+        .stop(outbox_tests::within(Duration::from_secs(5)))
+        .await;
     app.teardown().await;
 }
 
@@ -89,7 +97,10 @@ async fn a_custom_content_type_is_the_messages_property() {
         .seeded(&seeded)
         .spawn()
         .await;
-    let received = app.broker.wait_for_each(&seeded, Duration::from_secs(30)).await;
+    let received = app
+        .broker
+        .wait_for_each(&seeded, Duration::from_secs(30))
+        .await;
     app.stop().await;
     outbox_tests::assert_every_event_delivered(&received, &seeded);
     for message in &received {
@@ -111,7 +122,15 @@ async fn the_demo_relays_every_event_and_reports_no_duplicates() {
     settings.metrics.listen = "".into();
     let mut command = std::process::Command::new(crate::RELAY);
     command
-        .args(["--config", "/dev/null", "demo", "--events", "500", "--rooms", "10"])
+        .args([
+            "--config",
+            "/dev/null",
+            "demo",
+            "--events",
+            "500",
+            "--rooms",
+            "10",
+        ])
         .envs(settings_env(&settings));
     let output = output_within(&mut command, CHILD_DEADLINE);
     let (out, err) = (stdout(&output), stderr(&output));
@@ -157,7 +176,11 @@ async fn one_shot_commands_fail_at_once_where_nothing_listens() {
     ] {
         let started = Instant::now();
         let output = outbox_tests::run_binary(crate::RELAY, &settings, args);
-        assert_within(&format!("{args:?}"), started.elapsed(), Duration::from_secs(2));
+        assert_within(
+            &format!("{args:?}"),
+            started.elapsed(),
+            Duration::from_secs(2),
+        );
         let said = format!("{}{}", stdout(&output), stderr(&output));
         assert!(said.contains("connection refused"), "{args:?}: {said}");
         if args != ["check-config"] {
