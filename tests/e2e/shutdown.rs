@@ -11,11 +11,14 @@ use std::time::{Duration, Instant};
 #[actix_rt::test]
 async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
     const EVENTS: usize = 20_000;
-    let seeded = room_events("sig", EVENTS, 200);
+    // 20 rooms: a claim of 100 holds five rows of a room, of which a publisher starts one
+    // at a time, so a SIGTERM finds rows it has not started and must release.
+    let seeded = room_events("sig", EVENTS, 20);
     let app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
             settings.relay.publish_timeout = "3s".into();
             settings.log.level = "info".into();
+            settings.log.format = "json".into();
         })
         .seeded(&seeded)
         .build()
@@ -37,6 +40,20 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
         "exit status {status:?}; log:\n{}",
         first.log_text()
     );
+
+    let released = first.log_lines("released on shutdown");
+    assert!(
+        !released.is_empty(),
+        "rows not started were released:\n{}",
+        first.log_text()
+    );
+    for line in &released {
+        assert_eq!(
+            (line["level"].as_str(), line["status"].as_str()),
+            (Some("INFO"), Some("stopped")),
+            "{line}"
+        );
+    }
 
     let rows = database.rows().await;
     let published = rows.iter().filter(|row| row.status == "published").count();
