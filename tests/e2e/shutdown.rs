@@ -259,6 +259,11 @@ async fn shutdown_timeout_forces_exit_1() {
         took,
         Duration::from_secs(2),
     );
+    let log = relay.log_text();
+    assert!(
+        !log.contains("panicked"),
+        "a forced stop that panics:\n{log}"
+    );
     assert!(
         held_by(&app, &app.settings.relay.node_id).await > 0,
         "leases left to expire"

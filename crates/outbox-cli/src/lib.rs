@@ -98,7 +98,9 @@ pub fn main() -> ExitCode {
             ExitCode::from(EXIT_CONFIG)
         }
         Err(error) => {
-            let forced = error.is::<commands::ForcedStop>();
+            // A second signal, or relay.shutdown_timeout: a forced stop.
+            let forced =
+                error.is::<commands::ForcedStop>() || error.is::<outbox_relay::ShutdownError>();
             // Our messages carry redacted URLs only; a library's may echo more.
             let error = secrets.scrub(&format!("{error:#}"));
             final_error(json, Ending::Failed, &error);
