@@ -1,12 +1,13 @@
 //! The binary's `--help` and `--version`, and its output to a reader that stops early.
 
 use outbox_tests::output::stdout;
+use outbox_tests::OutputInTime as _;
 use std::process::{Command, Output, Stdio};
 
 fn relay(args: &[&str]) -> Output {
     Command::new(crate::RELAY)
         .args(args)
-        .output()
+        .output_in_time()
         .expect("binary runs")
 }
 
@@ -112,12 +113,14 @@ fn a_reader_that_closes_the_pipe_early_ends_a_command_quietly() {
     // does under `outbox-relay check-config | head -1` once `head` has its line.
     let (reader, writer) = std::io::pipe().expect("a pipe");
     drop(reader);
-    let output = Command::new(crate::RELAY)
+    let child = Command::new(crate::RELAY)
         .arg("check-config")
+        .stdin(Stdio::null())
         .stdout(writer)
         .stderr(Stdio::piped())
-        .output()
+        .spawn()
         .expect("binary runs");
+    let output = outbox_tests::finish_within(child, "check-config", outbox_tests::CHILD_DEADLINE);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(output.status.success(), "{output:?}");

@@ -2,12 +2,15 @@
 //! proxy in front of the one test broker; a node refusing the login is named in a `warn`
 //! (its entry, masked URL and reason) at each connection attempt, never lapin's lines.
 
-use outbox_tests::{room_events, seed, Backend, FaultProxy, RelayProcess, TestApp};
+use outbox_tests::services::{amqp_url, with_user};
+use outbox_tests::OutputInTime as _;
+use outbox_tests::{room_events, seed, through, Backend, FaultProxy, RelayProcess, TestApp};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-fn local(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
+/// The test broker's address (`OUTBOX_TEST_AMQP_URL`), for a proxy standing for a node.
+fn broker() -> SocketAddr {
+    outbox_tests::server_of(&amqp_url())
 }
 
 /// The JSON log lines of `relay` whose message starts with `message`: their `url` fields.
@@ -22,8 +25,8 @@ fn urls_logged(relay: &RelayProcess, message: &str) -> Vec<String> {
 #[actix_rt::test]
 async fn with_two_brokers_the_relay_starts_on_the_one_that_answers_and_fails_over() {
     const EVENTS: usize = 2_000;
-    let first = FaultProxy::start(local(5672)).await;
-    let second = FaultProxy::start(local(5672)).await;
+    let first = FaultProxy::start(broker()).await;
+    let second = FaultProxy::start(broker()).await;
     first.go_down();
     let events = room_events("cluster", EVENTS, 50);
     let (before, after) = events.split_at(EVENTS / 2);
@@ -31,8 +34,9 @@ async fn with_two_brokers_the_relay_starts_on_the_one_that_answers_and_fails_ove
         .settings(|settings| {
             // As the environment gives a list: comma-separated.
             settings.amqp.url = format!(
-                "amqp://guest:guest@{}/%2f, amqp://guest:guest@{}/%2f",
-                first.addr, second.addr
+                "{}, {}",
+                through(first.addr, &amqp_url()),
+                through(second.addr, &amqp_url())
             );
             settings.relay.retry_interval = "200ms".into();
             settings.relay.publish_timeout = "2s".into();
@@ -87,15 +91,26 @@ async fn with_two_brokers_the_relay_starts_on_the_one_that_answers_and_fails_ove
 #[actix_rt::test]
 async fn a_node_refusing_the_login_is_named_in_a_warning_and_the_relay_uses_the_other() {
     const WRONG: &str = "Wrong-node-pw-4e1f";
-    let good = FaultProxy::start(local(5672)).await;
+    let good = FaultProxy::start(broker()).await;
+    let url = url::Url::parse(&amqp_url()).expect("a URL");
+    let (user, at) = (
+        url.username().to_owned(),
+        format!(
+            ":***@{}:{}{})",
+            url.host_str().expect("a host"),
+            url.port().unwrap_or(5672),
+            url.path()
+        ),
+    );
     let events = room_events("refusing", 200, 10);
     let (before, after) = events.split_at(100);
     let app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
             // Entry 0 refuses the login; entry 1 (through the proxy) takes it.
             settings.amqp.url = format!(
-                "amqp://guest:{WRONG}@127.0.0.1:5672/%2f, amqp://guest:guest@{}/%2f",
-                good.addr
+                "{}, {}",
+                with_user(&amqp_url(), &user, Some(WRONG)),
+                through(good.addr, &amqp_url())
             );
             settings.relay.publish_timeout = "2s".into();
             settings.log.format = "json".into();
@@ -121,7 +136,7 @@ async fn a_node_refusing_the_login_is_named_in_a_warning_and_the_relay_uses_the_
         assert!(
             // (`guest`, the other entry's password, is masked wherever it occurs.)
             error.contains("amqp.url[0] (amqp://")
-                && error.contains(":***@127.0.0.1:5672/%2f)")
+                && error.contains(&at)
                 && error.contains("ACCESS_REFUSED"),
             "names the entry and the reason: {line}"
         );
@@ -159,14 +174,14 @@ impl Drop for BrokerUser {
     fn drop(&mut self) {
         let _ = std::process::Command::new("rabbitmqctl")
             .args(["delete_user", &self.name])
-            .output();
+            .output_in_time();
     }
 }
 
 fn rabbitmqctl(args: &[&str]) {
     let output = std::process::Command::new("rabbitmqctl")
         .args(args)
-        .output()
+        .output_in_time()
         .expect("rabbitmqctl runs");
     assert!(output.status.success(), "rabbitmqctl {args:?}: {output:?}");
 }
@@ -176,7 +191,7 @@ async fn a_broker_refusing_a_changed_password_is_a_warning_at_each_attempt() {
     const PASSWORD: &str = "Mq-pw-first-81d0";
     const CHANGED: &str = "Mq-pw-changed-3a7c";
     let user = BrokerUser::create(PASSWORD);
-    let proxy = FaultProxy::start(local(5672)).await;
+    let proxy = FaultProxy::start(broker()).await;
     let events = room_events("rotated", 100, 10);
     let (before, after) = events.split_at(50);
     let name = user.name.clone();
@@ -228,6 +243,53 @@ async fn a_broker_refusing_a_changed_password_is_a_warning_at_each_attempt() {
     assert!(!log.contains("Exponential backoff"), "lapin's lines: {log}");
     relay.stop(Duration::from_secs(5)).await;
     app.expect_every_event("a changed broker password", &events)
+        .await;
+    app.teardown().await;
+}
+
+/// A node that accepts the TCP connection but never answers (a hung node) gives way to the
+/// next after `publish_timeout` (at least 1 s), as docs/operations.md says.
+#[actix_rt::test]
+async fn a_node_that_accepts_but_never_answers_gives_way_to_the_next() {
+    let hung = FaultProxy::start(broker()).await;
+    let other = FaultProxy::start(broker()).await;
+    hung.stall();
+    other.stall();
+    let events = room_events("hung", 50, 5);
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.amqp.url = format!(
+                "{}, {}",
+                through(hung.addr, &amqp_url()),
+                through(other.addr, &amqp_url())
+            );
+            settings.relay.publish_timeout = "1s".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(&events)
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    // Both hang: whichever node it began at, it gave way to the other.
+    outbox_tests::eventually(
+        "both hung nodes tried in turn",
+        Duration::from_secs(30),
+        || std::future::ready(hung.accepted() >= 1 && other.accepted() >= 1),
+    )
+    .await;
+    assert!(
+        app.broker.received().is_empty(),
+        "nothing delivered through a node that does not answer"
+    );
+    // One answers again: the relay gets past the hung one to it.
+    other.restore();
+    let received = app
+        .broker
+        .wait_for_each(&events, Duration::from_secs(60))
+        .await;
+    outbox_tests::assert_every_event_delivered(&received, &events);
+    relay
+        .stop(outbox_tests::within(Duration::from_secs(3)))
         .await;
     app.teardown().await;
 }

@@ -5,6 +5,7 @@
 
 use outbox_cli::settings::Settings;
 use outbox_tests::output::{stderr, succeeded};
+use outbox_tests::OutputInTime as _;
 use outbox_tests::{
     own_room_events as events, per_backend, seed, unique_name, Backend, SettingsFile, TestDatabase,
 };
@@ -36,7 +37,7 @@ async fn outbox_relay_config_names_the_settings_file_and_config_wins() {
 
     let output = relay(&["check-config"])
         .env("OUTBOX_RELAY_CONFIG", &env_file.path)
-        .output()
+        .output_in_time()
         .expect("runs");
     let stdout = succeeded("check-config with OUTBOX_RELAY_CONFIG", &output);
     assert!(
@@ -47,7 +48,7 @@ async fn outbox_relay_config_names_the_settings_file_and_config_wins() {
     let output = relay(&["check-config", "--config"])
         .arg(&flag_file.path)
         .env("OUTBOX_RELAY_CONFIG", &env_file.path)
-        .output()
+        .output_in_time()
         .expect("runs");
     let stdout = succeeded("check-config --config with OUTBOX_RELAY_CONFIG", &output);
     assert!(
@@ -59,7 +60,7 @@ async fn outbox_relay_config_names_the_settings_file_and_config_wins() {
     let missing = std::env::temp_dir().join(format!("{}.toml", unique_name("missing")));
     let output = relay(&["check-config"])
         .env("OUTBOX_RELAY_CONFIG", &missing)
-        .output()
+        .output_in_time()
         .expect("runs");
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let said = stderr(&output);
@@ -69,7 +70,7 @@ async fn outbox_relay_config_names_the_settings_file_and_config_wins() {
     );
     let output = relay(&["check-config"])
         .env("OUTBOX_RELAY_CONFIG", "")
-        .output()
+        .output_in_time()
         .expect("runs");
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     assert!(
@@ -77,7 +78,10 @@ async fn outbox_relay_config_names_the_settings_file_and_config_wins() {
         "{output:?}"
     );
 
-    let help = succeeded("--help", &relay(&["--help"]).output().expect("runs"));
+    let help = succeeded(
+        "--help",
+        &relay(&["--help"]).output_in_time().expect("runs"),
+    );
     assert!(
         help.contains("OUTBOX_RELAY_CONFIG"),
         "the help says so:\n{help}"
@@ -249,7 +253,10 @@ async fn logs_have_no_escape_codes_when_stderr_is_a_file() {
 #[actix_rt::test]
 async fn logs_are_coloured_on_a_terminal_unless_no_color() {
     assert!(
-        Command::new("script").arg("--version").output().is_ok(),
+        Command::new("script")
+            .arg("--version")
+            .output_in_time()
+            .is_ok(),
         "this test needs util-linux `script` for a terminal: apt-get install util-linux"
     );
     let database = TestDatabase::new(Backend::Sqlite).await;
@@ -270,7 +277,7 @@ async fn logs_are_coloured_on_a_terminal_unless_no_color() {
         if let Some(value) = no_color {
             script.env("NO_COLOR", value);
         }
-        succeeded(&line, &script.output().expect("script runs"))
+        succeeded(&line, &script.output_in_time().expect("script runs"))
     };
     let coloured = on_terminal(None);
     assert!(

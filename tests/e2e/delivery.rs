@@ -16,7 +16,8 @@ async fn delivers_10k_events_once_in_room_order(backend: Backend) {
         .await;
     app.broker.wait_for(events, Duration::from_secs(180)).await;
     app.stop().await;
-    let received = app.broker.received();
+    // Settled, so a duplicate arriving after the count reached `events` is seen too.
+    let received = app.broker.drain(Duration::from_secs(30)).await;
 
     // Exactly once.
     assert_eq!(received.len(), events, "no duplicates");
@@ -28,6 +29,7 @@ async fn delivers_10k_events_once_in_room_order(backend: Backend) {
 
     // Byte for byte, with the contract's properties and headers.
     let rows = app.database.rows().await;
+    assert_eq!(rows.len(), seeded.len(), "a row per event");
     let node_id = &app.config.relay.node_id;
     for (event, row) in seeded.iter().zip(&rows) {
         assert_eq!(row.event_id, event.event_id);
@@ -101,8 +103,14 @@ async fn headers_arrive_with_their_json_types(backend: Backend) {
     events[0].headers = Some(typed.into());
     events[1].headers = Some(r#"{"ok":true,"big":18446744073709551615}"#.into());
     let mut app = TestApp::on(backend).seeded(&events).spawn().await;
-    let received = app.broker.wait_for(2, Duration::from_secs(30)).await;
+    app.broker.wait_for(2, Duration::from_secs(30)).await;
     app.stop().await;
+    let received = app.broker.drain(Duration::from_secs(30)).await;
+    assert_eq!(
+        received.len(),
+        2,
+        "typed and after, once each: {received:?}"
+    );
     let by_id: HashMap<&str, &Received> = received
         .iter()
         .map(|r| (r.message_id.as_str(), r))
@@ -186,11 +194,11 @@ async fn postgres_a_late_commit_below_the_scan_floor_keeps_its_room_order() {
     txn.commit().await.unwrap();
     let next = event("late-2", "room-late");
     seed(&app.database, std::slice::from_ref(&next)).await;
-    let received = app
-        .broker
+    app.broker
         .wait_for(backlog.len() + 2, Duration::from_secs(60))
         .await;
     app.stop().await;
+    let received = app.broker.drain(Duration::from_secs(30)).await;
     let position = |id: &str| {
         received
             .iter()

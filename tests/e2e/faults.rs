@@ -1,14 +1,11 @@
 //! Riding through faults, injected by a TCP proxy between the relay and a service.
 
+use outbox_tests::services::{amqp_url, database_url};
 use outbox_tests::{
-    event, eventually, room_events, Backend, FaultProxy, RelayProcess, TestApp, TestEvent,
+    assert_within, event, eventually, room_events, server_of, through, within, Backend, FaultProxy,
+    RelayProcess, TestApp, TestEvent,
 };
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-
-fn local(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
 
 /// Once `delivered` events arrived, takes `proxy`'s service away for `outage`.
 async fn outage_after(app: &TestApp, delivered: usize, proxy: &FaultProxy, outage: Duration) {
@@ -24,11 +21,11 @@ async fn outage_after(app: &TestApp, delivered: usize, proxy: &FaultProxy, outag
 #[actix_rt::test]
 async fn broker_link_cut_three_times_loses_nothing_and_recovers_by_itself() {
     const EVENTS: usize = 20_000;
-    let proxy = FaultProxy::start(local(5672)).await;
+    let proxy = FaultProxy::start(server_of(&amqp_url())).await;
     let seeded = room_events("bcut", EVENTS, 200);
     let mut app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
-            settings.amqp.url = format!("amqp://guest:guest@{}/%2f", proxy.addr);
+            settings.amqp.url = through(proxy.addr, &settings.amqp.url);
             settings.relay.retry_interval = "200ms".into();
             settings.relay.publish_timeout = "2s".into();
         })
@@ -56,11 +53,11 @@ async fn broker_link_cut_three_times_loses_nothing_and_recovers_by_itself() {
 #[actix_rt::test]
 async fn database_link_cut_for_3s_loses_nothing() {
     const EVENTS: usize = 20_000;
-    let proxy = FaultProxy::start(local(5432)).await;
+    let proxy = FaultProxy::start(server_of(&database_url(Backend::Postgres))).await;
     let seeded = room_events("dbcut", EVENTS, 200);
     let mut app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
-            settings.database.url = format!("postgres://postgres@{}/test", proxy.addr);
+            settings.database.url = through(proxy.addr, &settings.database.url);
         })
         .seeded(&seeded)
         .spawn()
@@ -82,10 +79,10 @@ async fn database_link_cut_for_3s_loses_nothing() {
 
 #[actix_rt::test]
 async fn a_stalled_broker_fails_publishes_on_time_and_sigterm_still_exits() {
-    let proxy = FaultProxy::start(local(5672)).await;
+    let proxy = FaultProxy::start(server_of(&amqp_url())).await;
     let app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
-            settings.amqp.url = format!("amqp://guest:guest@{}/%2f", proxy.addr);
+            settings.amqp.url = through(proxy.addr, &settings.amqp.url);
             settings.relay.publish_timeout = "1s".into();
             settings.relay.retry_interval = "200ms".into();
         })
@@ -96,6 +93,7 @@ async fn a_stalled_broker_fails_publishes_on_time_and_sigterm_still_exits() {
     app.broker.wait_for(100, Duration::from_secs(60)).await;
 
     proxy.stall();
+    let stalled = Instant::now();
     outbox_tests::seed(&app.database, &room_events("stalled", 20, 5)).await;
     eventually(
         "publishes to fail with a timeout",
@@ -111,11 +109,23 @@ async fn a_stalled_broker_fails_publishes_on_time_and_sigterm_still_exits() {
         },
     )
     .await;
+    // On time: the first failure is seen within publish_timeout (1 s) of the stall, plus a
+    // poll (100 ms) to claim the rows.
+    assert_within(
+        "a publish to a stalled broker failing",
+        stalled.elapsed(),
+        Duration::from_millis(1_100),
+    );
 
     relay.signal("TERM");
     let signalled = Instant::now();
-    // The shutdown deadline: publish_timeout (1 s) + 2 s; `wait` fails the test after it.
-    let status = relay.wait(Duration::from_secs(3)).await;
+    // The shutdown deadline: publish_timeout (1 s) + 2 s, and the machine's margin.
+    let status = relay.wait(within(Duration::from_secs(3))).await;
+    assert_within(
+        "SIGTERM with a stalled broker",
+        signalled.elapsed(),
+        Duration::from_secs(3),
+    );
     assert!(
         status.success(),
         "exit {status:?} after {:?}; log:\n{}",
@@ -134,8 +144,12 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
     let missing = outbox_tests::unique_name("e2e.missing");
     let mut events = vec![event("ghost", "g").of_type("ghost.created")];
     events.extend(room_events("after", 50, 5));
+    // Through a proxy that counts connections: a channel error must cost a channel, not
+    // the connection.
+    let proxy = FaultProxy::start(server_of(&amqp_url())).await;
     let mut app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
+            settings.amqp.url = through(proxy.addr, &settings.amqp.url);
             settings.amqp.declare_exchange = false;
             settings.amqp.routes = vec![outbox_cli::settings::RouteSettings {
                 event_type: "ghost.*".into(),
@@ -156,6 +170,21 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
         || async { app.database.row("ghost").await.retry_count >= 2 },
     )
     .await;
+    let connections = proxy.accepted();
+    // Each failure closed the one publisher's channel: events inserted after the second
+    // still flow, so the channel was opened again, on the same connection.
+    let later = room_events("later", 20, 5);
+    outbox_tests::seed(&app.database, &later).await;
+    let received = app
+        .broker
+        .wait_for_each(&later, Duration::from_secs(30))
+        .await;
+    outbox_tests::assert_every_event_delivered(&received, &later);
+    assert_eq!(
+        proxy.accepted(),
+        connections,
+        "the connection was kept: only the channel was recreated"
+    );
     app.stop().await;
     let ghost = app.database.row("ghost").await;
     assert_eq!(ghost.status, "pending");
@@ -164,5 +193,60 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
         error.contains("NOT_FOUND") || error.contains("no exchange"),
         "{error}"
     );
+    app.teardown().await;
+}
+
+/// The README's broker row: a lost connection is re-established and the exchanges declared
+/// again (here the exchange was deleted meanwhile), one `broker connection lost` warning
+/// and one `broker connection re-established` line.
+#[actix_rt::test]
+async fn a_reconnect_declares_a_deleted_exchange_again_and_says_so_once() {
+    let (proxy, amqp) = FaultProxy::in_front_of(&amqp_url()).await;
+    let before = room_events("before", 10, 2);
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.amqp.url = amqp;
+            settings.relay.retry_interval = "100ms".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(&before)
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+
+    app.broker.delete_exchange().await;
+    assert!(!app.broker.exchange_exists().await, "deleted");
+    proxy.cut();
+    // The next publish finds the connection lost and reconnects.
+    let after = room_events("after", 10, 2);
+    outbox_tests::seed(&app.database, &after).await;
+    eventually(
+        "the exchange declared again after the reconnect",
+        Duration::from_secs(30),
+        || app.broker.exchange_exists(),
+    )
+    .await;
+    // Deleting the exchange took the test queue's binding with it; what was published
+    // before it is bound again came back unroutable and is retried.
+    app.broker.bind("#").await;
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    let received = app
+        .broker
+        .wait_for_each(&after, Duration::from_secs(30))
+        .await;
+    outbox_tests::assert_every_event_delivered(&received, &after);
+
+    let lost = relay.log_lines("broker connection lost");
+    assert_eq!(lost.len(), 1, "one warning:\n{}", relay.log_text());
+    assert_eq!(lost[0]["level"], "WARN", "{}", lost[0]);
+    let back = relay.log_lines("broker connection re-established");
+    assert_eq!(back.len(), 1, "one line:\n{}", relay.log_text());
+    assert_eq!(back[0]["level"], "INFO", "{}", back[0]);
+    relay.stop(within(Duration::from_secs(5))).await;
     app.teardown().await;
 }

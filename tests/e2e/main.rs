@@ -31,8 +31,12 @@ mod delivery;
 mod failover;
 /// Unroutable events, hold-back per room, retries and dead events.
 mod failures;
-/// Broker and database links cut or stalled by a TCP proxy.
+/// Broker and database links cut or stalled by a TCP proxy; a channel error costing only
+/// its channel; a reconnect declaring a deleted exchange again.
 mod faults;
+/// The documented log lines, each at its level and once per change: outcomes, the
+/// database's loss and return, `status=batch_failed`, readiness changes.
+mod logs;
 /// `/metrics` counts and times a run and carries the build and process series, `/readyz`
 /// and `outbox_up` follow the links, `relay.max_pending_age` follows the oldest row, an
 /// empty `metrics.listen` serves nothing; the backlog query behind the gauges.
@@ -50,6 +54,10 @@ mod outboxes;
 mod privileges;
 /// `enqueue` in the caller's transaction, the README's plain INSERT, the trace context.
 mod producer;
+/// Promises of the README no other module keeps: `RUST_LOG` over `log.level`, who
+/// requeued, the `node_id` default, `amqp.content_type`, the demo, one-shot commands
+/// failing at once.
+mod promises;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.
 mod retention;
 /// Passwords never reach `check-config`, logs or error messages; from the environment they
@@ -58,7 +66,9 @@ mod secrets;
 /// Exit codes and messages of the binary for bad settings: a directory or an empty file as
 /// the config, `log.level`, every bad value at once, JSON final errors.
 mod settings;
-/// SIGTERM on the real binary.
+/// SIGTERM on the real binary: no duplicates, rows not started released; `/readyz`
+/// shutting down; a second signal and `relay.shutdown_timeout` forcing exit 1; the same
+/// node clearing its leases at start.
 mod shutdown;
 /// Starting while the database or the broker is down: waiting with backoff, `/readyz`,
 /// SIGTERM, `relay.startup_timeout`, refusals of the settings (exit code 2), `migrate

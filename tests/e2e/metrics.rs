@@ -8,7 +8,6 @@ use outbox_tests::{
 };
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 /// The sum of every sample of `name` (all label sets) in Prometheus text, or `None` when
@@ -156,6 +155,13 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
         Some(0.0),
         "registered at start, so it reads 0 rather than being absent"
     );
+    for reason in outbox_core::PublishError::REASONS {
+        assert_eq!(
+            sample(&text, "outbox_events_failed_total", &format!("reason=\"{reason}\"")),
+            Some(0.0),
+            "outbox_events_failed_total{{reason=\"{reason}\"}} present from the start at 0:\n{text}"
+        );
+    }
     // Each relay metric also names its outbox (the table, without [[outboxes]]).
     assert!(
         text.contains(&format!(
@@ -206,7 +212,8 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
         ("process_resident_memory_bytes", 1_000_000.0),
         // The listener, the database pool, the broker connection at least.
         ("process_open_fds", 3.0),
-        // Counts whole seconds: 1,000 events may take less than one.
+        // Present (the check is the `Some`): it counts whole seconds (README), and a
+        // 1,000-event run may take less than one, so no value above 0 can be promised.
         ("process_cpu_seconds_total", 0.0),
         ("process_threads", 2.0),
     ] {
@@ -216,8 +223,32 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
         );
     }
 
+    // A failed attempt counts by its reason: a header AMQP cannot carry is `invalid`, and
+    // makes the row dead at once.
+    let mut invalid = outbox_tests::event("invalid-header", "metrics-dead");
+    invalid.headers = Some(r#"{"big":18446744073709551615}"#.into());
+    outbox_tests::seed(database, std::slice::from_ref(&invalid)).await;
+    eventually(
+        "outbox_events_failed_total{reason=\"invalid\"} and the dead counter at 1",
+        Duration::from_secs(30),
+        || async {
+            let text = get(address, "/metrics").await.1;
+            sample(&text, "outbox_events_failed_total", "reason=\"invalid\"") == Some(1.0)
+                && total(&text, "outbox_events_dead_total") == Some(1.0)
+        },
+    )
+    .await;
+    let text = get(address, "/metrics").await.1;
+    assert_eq!(
+        total(&text, "outbox_events_failed_total"),
+        Some(1.0),
+        "no other failure counted:\n{text}"
+    );
+
     // Serving metrics does not slow the shutdown down (publish_timeout + 2 s).
-    relay.stop(Duration::from_secs(5)).await;
+    relay
+        .stop(outbox_tests::within(Duration::from_secs(5)))
+        .await;
     app.teardown().await;
 }
 
@@ -234,28 +265,26 @@ enum Link {
 async fn readyz_follows(link: Link) {
     let (target, problem, cut, kept) = match link {
         Link::Broker => (
-            5672,
+            outbox_tests::services::amqp_url(),
             "not ready: broker unreachable\n",
             "dependency=\"broker\"",
             "dependency=\"database\"",
         ),
         Link::Database => (
-            5432,
+            outbox_tests::services::database_url(Backend::Postgres),
             "not ready: database unreachable\n",
             "dependency=\"database\"",
             "dependency=\"broker\"",
         ),
     };
 
-    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], target))).await;
+    let proxy = FaultProxy::start(outbox_tests::server_of(&target)).await;
     let app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
             match link {
-                Link::Broker => {
-                    settings.amqp.url = format!("amqp://guest:guest@{}/%2f", proxy.addr)
-                }
+                Link::Broker => settings.amqp.url = outbox_tests::through(proxy.addr, &target),
                 Link::Database => {
-                    settings.database.url = format!("postgres://postgres@{}/test", proxy.addr)
+                    settings.database.url = outbox_tests::through(proxy.addr, &target)
                 }
             }
             settings.metrics.listen = "127.0.0.1:0".into();

@@ -4,8 +4,8 @@ use outbox_tests::{
     assert_room_order, event, eventually, own_room_events, per_backend, room_events, Backend,
     RelayProcess, TestApp, TestEvent,
 };
-use std::collections::HashSet;
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 const NODES: usize = 3;
 
@@ -40,8 +40,10 @@ async fn three_nodes_deliver_everything_once_in_room_order(backend: Backend) {
     app.database
         .wait_all_published(Duration::from_secs(240))
         .await;
-    let received = app.broker.wait_for(EVENTS, Duration::from_secs(30)).await;
+    app.broker.wait_for(EVENTS, Duration::from_secs(30)).await;
     stop_nodes(nodes).await;
+    // Settled: a duplicate arriving after the count reached EVENTS is seen too.
+    let received = app.broker.drain(Duration::from_secs(30)).await;
     let duplicates = assert_room_order(&received);
     assert_eq!(duplicates, 0, "no crash, no duplicates");
     assert_eq!(received.len(), EVENTS);
@@ -61,22 +63,59 @@ per_backend!(three_nodes_deliver_everything_once_in_room_order: postgres, mariad
 #[actix_rt::test]
 async fn a_killed_node_loses_nothing_and_others_take_over_after_its_lease() {
     const EVENTS: usize = 30_000;
+    const BATCH_SIZE: usize = 100; // the default
     let seeded = room_events("kill", EVENTS, 300);
     let app = TestApp::on(Backend::Postgres).seeded(&seeded).build().await;
     let mut nodes = spawn_nodes(&app, "3s");
+    let victim_id = format!("{}-node0", app.database.table);
 
     app.broker
         .wait_for(EVENTS / 3, Duration::from_secs(120))
         .await;
     let mut victim = nodes.remove(0);
     victim.signal("KILL");
+    let (killed, killed_at) = (Instant::now(), chrono::Utc::now());
     victim.wait(Duration::from_secs(5)).await;
+    // What the victim held when it died: rows under its lease, not published.
+    let held: HashMap<String, chrono::DateTime<chrono::Utc>> = (app.database.rows().await)
+        .into_iter()
+        .filter(|row| row.status == "pending" && row.locked_by.as_deref() == Some(&victim_id))
+        .map(|row| (row.event_id, row.locked_until.expect("a lease")))
+        .collect();
+    assert!(!held.is_empty(), "the killed node held rows when it died");
 
     app.database
         .wait_all_published(Duration::from_secs(240))
         .await;
-    app.expect_every_event("kill test", &seeded).await;
+    let duplicates = app.expect_every_event("kill test", &seeded).await;
     stop_nodes(nodes).await;
+    // The README: duplicates after a crash are bounded by 4 × batch_size (what it had in
+    // flight or confirmed but not marked).
+    assert!(
+        duplicates <= 4 * BATCH_SIZE,
+        "{duplicates} duplicates, more than 4 × batch_size"
+    );
+    // Each held row went to another node, and only once its lease had run out.
+    let received = app.broker.received();
+    for (event_id, lease_end) in &held {
+        let takeover = received
+            .iter()
+            .find(|r| {
+                &r.message_id == event_id && r.header("node_id").as_deref() != Some(&victim_id)
+            })
+            .unwrap_or_else(|| panic!("{event_id}, held by the killed node, not taken over"));
+        let at = killed_at
+            + chrono::Duration::from_std(takeover.arrived.saturating_duration_since(killed))
+                .expect("a duration");
+        assert!(
+            at + chrono::Duration::milliseconds(250) >= *lease_end,
+            "{event_id} taken over at {at}, before the lease ended at {lease_end}"
+        );
+    }
+    println!(
+        "kill test: the killed node held {} rows, taken over after their lease; {duplicates} duplicates",
+        held.len()
+    );
     app.teardown().await;
 }
 
@@ -148,11 +187,12 @@ async fn per_room_order_holds_while_producers_insert_concurrently() {
     app.database
         .wait_all_published(Duration::from_secs(240))
         .await;
-    let received = app
-        .broker
+    app.broker
         .wait_for(PRODUCERS * PER_PRODUCER, Duration::from_secs(30))
         .await;
     stop_nodes(nodes).await;
+    let received = app.broker.drain(Duration::from_secs(30)).await;
     assert_eq!(assert_room_order(&received), 0);
+    assert_eq!(received.len(), PRODUCERS * PER_PRODUCER, "each event once");
     app.teardown().await;
 }

@@ -4,6 +4,7 @@
 
 use outbox_cli::settings::OutboxSettings;
 use outbox_tests::output::{stderr, stdout};
+use outbox_tests::OutputInTime as _;
 use outbox_tests::{
     room_events, run_binary, seed, test_settings, unique_name, Backend, RelayProcess, SettingsFile,
     TestBroker, TestDatabase,
@@ -45,7 +46,7 @@ impl Drop for BrokerUser {
 fn rabbitmqctl(args: &[&str]) {
     let output = Command::new("rabbitmqctl")
         .args(args)
-        .output()
+        .output_in_time()
         .expect("rabbitmqctl runs");
     assert!(
         output.status.success(),
@@ -259,7 +260,7 @@ fn a_toml_syntax_error_in_a_line_holding_a_password_names_the_place_only() {
             .arg("--config")
             .arg(&file)
             .arg(command)
-            .output()
+            .output_in_time()
             .unwrap();
         let text = format!("{}{}", stdout(&output), stderr(&output));
         assert_eq!(output.status.code(), Some(2), "{text}");
@@ -386,7 +387,7 @@ async fn an_outbox_on_a_second_database_takes_its_own_password_from_the_environm
             "OUTBOX_RELAY__OUTBOXES__2__DATABASE_PASSWORD",
             MARIA_PASSWORD,
         )
-        .output()
+        .output_in_time()
         .unwrap();
     let text = stderr(&output);
     assert_eq!(output.status.code(), Some(2), "{text}");

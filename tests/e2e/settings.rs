@@ -1,6 +1,7 @@
 //! The binary's answers to bad and overridden settings (`docs/design.md#settings`).
 
 use outbox_tests::output::{stderr, stdout};
+use outbox_tests::OutputInTime as _;
 use std::process::{Command, Output};
 
 /// Runs the binary on a settings file holding `config` (after a comment: an empty file is
@@ -13,7 +14,7 @@ fn relay(config: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
         .arg(&file)
         .args(args)
         .envs(env.iter().copied())
-        .output()
+        .output_in_time()
         .expect("binary runs");
     let _ = std::fs::remove_file(file);
     output
@@ -61,7 +62,7 @@ fn unknown_key_exits_2_naming_the_key() {
 fn missing_config_file_exits_2() {
     let output = Command::new(crate::RELAY)
         .args(["--config", "/nonexistent/outbox.toml", "check-config"])
-        .output()
+        .output_in_time()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(stderr(&output).contains("/nonexistent/outbox.toml"));
@@ -93,7 +94,10 @@ fn check_config_shows_env_overrides_normalised_zeros_and_no_secrets() {
 
 #[test]
 fn usage_errors_exit_2() {
-    let output = Command::new(crate::RELAY).arg("launch").output().unwrap();
+    let output = Command::new(crate::RELAY)
+        .arg("launch")
+        .output_in_time()
+        .unwrap();
     assert_eq!(output.status.code(), Some(2));
 }
 
@@ -138,7 +142,7 @@ fn a_directory_or_an_empty_file_as_the_config_exits_2_naming_the_path() {
                 .arg(path)
                 .arg(command)
                 .current_dir(&directory)
-                .output()
+                .output_in_time()
                 .unwrap();
             let text = stderr(&output);
             assert_eq!(output.status.code(), Some(2), "{command}: {text}");
@@ -150,7 +154,7 @@ fn a_directory_or_an_empty_file_as_the_config_exits_2_naming_the_path() {
         let output = Command::new(crate::RELAY)
             .arg("check-config")
             .env("OUTBOX_RELAY_CONFIG", path)
-            .output()
+            .output_in_time()
             .unwrap();
         assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     }

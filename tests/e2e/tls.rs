@@ -6,8 +6,9 @@ use sea_orm::{ConnectionTrait, Statement};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// The test broker (`OUTBOX_TEST_AMQP_URL`), behind the TLS proxy.
 fn local_rabbitmq() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 5672))
+    outbox_tests::server_of(&outbox_tests::services::amqp_url())
 }
 
 /// `url` with one more query parameter.

@@ -180,14 +180,14 @@ impl TestApp {
         validate(self.settings_with(adjust))
     }
 
-    /// Waits (30 s at most) until every one of `events` arrived, checks that each room's
-    /// first deliveries came in id order, and prints the count of duplicates for `test`;
-    /// returns that count.
+    /// Waits (30 s at most) until every one of `events` arrived and the queue settled (so a
+    /// late duplicate is counted too), checks that each room's first deliveries came in id
+    /// order, and prints the count of duplicates for `test`; returns that count.
     pub async fn expect_every_event(&self, test: &str, events: &[NewEvent]) -> usize {
-        let received = self
-            .broker
+        self.broker
             .wait_for_each(events, Duration::from_secs(30))
             .await;
+        let received = self.broker.drain(Duration::from_secs(30)).await;
         // Names the first event still missing, if any.
         let duplicates = assert_every_event_delivered(&received, events);
         println!(
@@ -199,7 +199,8 @@ impl TestApp {
     }
 
     /// Stops the relay if it still runs, then deletes the exchange (the queue goes with
-    /// it) and the table. Call at the end of a passing test.
+    /// it) and the table. Call at the end of a passing test; after a failing one the
+    /// database's and the broker's drop guards do the same.
     pub async fn teardown(mut self) {
         if self.relay.is_some() {
             self.stop().await;

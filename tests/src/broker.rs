@@ -96,16 +96,24 @@ pub struct TestBroker {
     /// The test's exchange.
     pub exchange: String,
     connection: Connection,
-    tap: Tap,
+    tap: Option<Tap>,
     received: Arc<Mutex<Vec<Received>>>,
+    /// Why the consumer stopped, if it did: every read of [`TestBroker::received`] fails
+    /// with it, so a dead consumer never reads as "nothing arrived".
+    failed: Arc<Mutex<Option<String>>>,
+    /// Set once [`TestBroker::close`] ran; until then, dropping deletes the exchange.
+    closed: bool,
 }
+
+/// How long the queue must stay quiet before [`TestBroker::drain`] calls it settled: well
+/// above the time a confirmed message takes to reach the test's consumer.
+pub const SETTLE: Duration = Duration::from_secs(1);
 
 impl TestBroker {
     /// Declares the exchange and a queue bound with `binding` (e.g. `"#"`), and starts
     /// consuming.
     pub async fn new(binding: &str) -> Self {
-        let url = std::env::var("OUTBOX_TEST_AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+        let url = crate::services::amqp_url();
         let connection = Connection::connect(&url, ConnectionProperties::default())
             .await
             .unwrap_or_else(|error| {
@@ -124,41 +132,114 @@ impl TestBroker {
             .expect("queue declared and bound");
         let mut consumer = tap.consume("e2e").await.expect("consuming");
         let received: Arc<Mutex<Vec<Received>>> = Arc::default();
-        let recording = Arc::clone(&received);
+        let failed: Arc<Mutex<Option<String>>> = Arc::default();
+        let (recording, failing) = (Arc::clone(&received), Arc::clone(&failed));
         actix_rt::spawn(async move {
-            while let Some(Ok(delivery)) = consumer.next().await {
-                recording.lock().unwrap().push(Received::from(&delivery));
-            }
+            let why = loop {
+                match consumer.next().await {
+                    Some(Ok(delivery)) => {
+                        recording.lock().unwrap().push(Received::from(&delivery));
+                    }
+                    Some(Err(error)) => break format!("the test's consumer failed: {error}"),
+                    None => break "the test's consumer stopped (its channel closed)".to_owned(),
+                }
+            };
+            *failing.lock().unwrap() = Some(why);
         });
         Self {
             url,
             exchange,
             connection,
-            tap,
+            tap: Some(tap),
             received,
+            failed,
+            closed: false,
         }
     }
 
     /// Binds the test's queue with one more key.
     pub async fn bind(&self, binding: &str) {
-        self.tap
+        self.tap()
             .bind(&self.exchange, binding)
             .await
             .expect("queue bound");
     }
 
-    /// Everything received so far, in arrival order.
+    fn tap(&self) -> &Tap {
+        self.tap.as_ref().expect("the broker is open")
+    }
+
+    /// Deletes the test's exchange (its bindings go with it), as an operator might.
+    pub async fn delete_exchange(&self) {
+        delete_exchange(self.tap().channel(), &self.exchange)
+            .await
+            .expect("exchange deleted");
+    }
+
+    /// Whether the test's exchange exists (a passive declare on a channel of its own, since
+    /// a failed one closes its channel).
+    pub async fn exchange_exists(&self) -> bool {
+        let channel = self.connection.create_channel().await.expect("channel");
+        let options = lapin::options::ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let exists = channel
+            .exchange_declare(
+                self.exchange.as_str().into(),
+                lapin::ExchangeKind::Topic,
+                options,
+                Default::default(),
+            )
+            .await
+            .is_ok();
+        if exists {
+            let _ = channel.close(200, "done".into()).await;
+        }
+        exists
+    }
+
+    /// Everything received so far, in arrival order; panics if the consumer failed.
     pub fn received(&self) -> Vec<Received> {
+        if let Some(why) = self.failed.lock().unwrap().as_ref() {
+            panic!(
+                "{why}; after {} deliveries",
+                self.received.lock().unwrap().len()
+            );
+        }
         self.received.lock().unwrap().clone()
     }
 
     /// Waits until at least `count` messages arrived.
     pub async fn wait_for(&self, count: usize, deadline: Duration) -> Vec<Received> {
         crate::eventually(&format!("{count} deliveries"), deadline, || async {
-            self.received.lock().unwrap().len() >= count
+            self.received().len() >= count
         })
         .await;
         self.received()
+    }
+
+    /// Waits until nothing more arrives for [`SETTLE`] (at most `deadline`), and returns
+    /// every delivery: what a count of duplicates must look at, since a duplicate can
+    /// arrive after the count reached the number of events.
+    pub async fn drain(&self, deadline: Duration) -> Vec<Received> {
+        let until = tokio::time::Instant::now() + deadline;
+        let mut seen = self.received().len();
+        let mut quiet_since = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = self.received().len();
+            if now != seen {
+                seen = now;
+                quiet_since = tokio::time::Instant::now();
+            } else if quiet_since.elapsed() >= SETTLE {
+                return self.received();
+            }
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the queue did not settle within {deadline:?} ({seen} deliveries)"
+            );
+        }
     }
 
     /// Waits (at most `deadline`) until each of `events` has arrived at least once, and
@@ -184,9 +265,47 @@ impl TestBroker {
     }
 
     /// Deletes the exchange (the queue goes with the connection) and closes the connection.
-    pub async fn close(self) {
-        let _ = delete_exchange(self.tap.channel(), &self.exchange).await;
-        self.tap.close().await;
+    pub async fn close(mut self) {
+        let tap = self.tap.take().expect("the broker is open");
+        let _ = delete_exchange(tap.channel(), &self.exchange).await;
+        tap.close().await;
         let _ = self.connection.close(200, "done".into()).await;
+        self.closed = true;
+    }
+}
+
+impl Drop for TestBroker {
+    /// Teardown after a failed test: deletes the exchange on a connection of its own, off
+    /// the test's runtime, bounded; logs instead of panicking.
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        let (url, exchange) = (self.url.clone(), self.exchange.clone());
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let work = async {
+                    let connection =
+                        Connection::connect(&url, ConnectionProperties::default()).await?;
+                    let channel = connection.create_channel().await?;
+                    delete_exchange(&channel, &exchange).await?;
+                    connection.close(200, "teardown".into()).await
+                };
+                match tokio::time::timeout(Duration::from_secs(10), work).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => {
+                        eprintln!("teardown: exchange {exchange} not deleted: {error}")
+                    }
+                    Err(_) => eprintln!("teardown: exchange {exchange} not deleted within 10 s"),
+                }
+            });
+        });
+        if cleanup.join().is_err() {
+            eprintln!("teardown: deleting the exchange of a failed test panicked");
+        }
     }
 }

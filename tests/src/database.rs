@@ -26,6 +26,8 @@ pub struct TestDatabase {
     pub store: SeaOrmStore,
     /// The SQLite file to remove afterwards.
     file: Option<PathBuf>,
+    /// Set once [`TestDatabase::drop_table`] ran; until then, dropping cleans up.
+    dropped: bool,
 }
 
 impl TestDatabase {
@@ -33,15 +35,13 @@ impl TestDatabase {
     pub async fn new(backend: Backend) -> Self {
         let (url, file, how_to_start) = match backend {
             Backend::Postgres => (
-                std::env::var("OUTBOX_TEST_DATABASE_URL")
-                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+                crate::services::database_url(backend),
                 None,
                 "start it with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` \
                  or point OUTBOX_TEST_DATABASE_URL at one",
             ),
             Backend::MySql => (
-                std::env::var("OUTBOX_TEST_MYSQL_URL")
-                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+                crate::services::database_url(backend),
                 None,
                 "start it with `start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` \
                  or point OUTBOX_TEST_MYSQL_URL at one",
@@ -66,6 +66,7 @@ impl TestDatabase {
             table,
             store,
             file,
+            dropped: false,
         }
     }
 
@@ -83,13 +84,12 @@ impl TestDatabase {
             .expect("rows readable")
     }
 
-    /// Waits until every row is `published`.
+    /// Waits until every row is `published` (and there is at least one: an empty table
+    /// is a mistake of the test, not a finished run).
     pub async fn wait_all_published(&self, deadline: std::time::Duration) {
         crate::eventually("every row published", deadline, || async {
-            self.rows()
-                .await
-                .iter()
-                .all(|row| row.status == "published")
+            let rows = self.rows().await;
+            !rows.is_empty() && rows.iter().all(|row| row.status == "published")
         })
         .await;
     }
@@ -171,16 +171,7 @@ impl TestDatabase {
 
     /// Drops `table` of this database and what its migrations made beside it.
     pub async fn drop_outbox(&self, table: &TableName) {
-        let t = table.as_str();
-        let mut drops = vec![
-            format!("DROP TABLE IF EXISTS {t}"),
-            format!("DROP TABLE IF EXISTS {t}_migrations"),
-            format!("DROP TABLE IF EXISTS {t}_lock"),
-        ];
-        if self.backend() == DbBackend::Postgres {
-            drops.push(format!("DROP FUNCTION IF EXISTS {t}_notify()"));
-        }
-        for sql in drops {
+        for sql in drop_statements(table, self.backend()) {
             let _ = self
                 .db()
                 .execute(Statement::from_string(self.backend(), sql))
@@ -188,16 +179,78 @@ impl TestDatabase {
         }
     }
 
-    /// Drops the table (and the SQLite file). Call at the end of a passing test.
-    pub async fn drop_table(self) {
+    /// Drops the table (and the SQLite file). Call at the end of a passing test; a test
+    /// that fails before it is cleaned up when the value is dropped.
+    pub async fn drop_table(mut self) {
         self.drop_outbox(&self.table).await;
         let _ = self.db().clone().close().await;
-        if let Some(file) = self.file {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
-            }
+        self.dropped = true;
+        remove_sqlite_file(self.file.take());
+    }
+}
+
+impl Drop for TestDatabase {
+    /// Teardown after a failed test (or one that forgot [`TestDatabase::drop_table`]): drops
+    /// the table on a connection of its own, off the test's runtime, bounded; logs instead of
+    /// panicking, so an unwinding test keeps its own message.
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        let (url, table, backend) = (self.url.clone(), self.table.clone(), self.backend());
+        remove_sqlite_file(self.file.take());
+        if backend == DbBackend::Sqlite {
+            return;
+        }
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let work = async {
+                    let db = outbox_store::connect(&url, 1)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    for sql in drop_statements(&table, backend) {
+                        let _ = db.execute(Statement::from_string(backend, sql)).await;
+                    }
+                    let _ = db.close().await;
+                    Ok::<_, String>(())
+                };
+                match tokio::time::timeout(std::time::Duration::from_secs(10), work).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => eprintln!("teardown: table {table} not dropped: {error}"),
+                    Err(_) => eprintln!("teardown: table {table} not dropped within 10 s"),
+                }
+            });
+        });
+        if cleanup.join().is_err() {
+            eprintln!("teardown: dropping the table of a failed test panicked");
         }
     }
+}
+
+fn remove_sqlite_file(file: Option<PathBuf>) {
+    if let Some(file) = file {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+        }
+    }
+}
+
+/// What [`TestDatabase::drop_outbox`] runs: `table` and what its migrations made beside it.
+fn drop_statements(table: &TableName, backend: DbBackend) -> Vec<String> {
+    let t = table.as_str();
+    let mut drops = vec![
+        format!("DROP TABLE IF EXISTS {t}"),
+        format!("DROP TABLE IF EXISTS {t}_migrations"),
+        format!("DROP TABLE IF EXISTS {t}_lock"),
+    ];
+    if backend == DbBackend::Postgres {
+        drops.push(format!("DROP FUNCTION IF EXISTS {t}_notify()"));
+    }
+    drops
 }
 
 /// The original `room_outbox` worker's table, as its repository writes it, in the nearest

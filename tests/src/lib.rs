@@ -15,6 +15,7 @@ pub mod producer_table;
 pub mod proxy;
 pub mod relay;
 pub mod replica;
+pub mod services;
 pub mod tls_proxy;
 
 pub use app::{settings_on, test_config, test_settings, AppBuilder, TestApp};
@@ -23,7 +24,11 @@ pub use database::{Backend, TestDatabase};
 pub use events::{event, own_room_events, room_events, seed, TestEvent};
 pub use load::Load;
 pub use proxy::FaultProxy;
-pub use relay::{http_get, run_binary, settings_env, InProcessRelay, RelayProcess, SettingsFile};
+pub use relay::{
+    finish_within, http_get, output_within, run_binary, settings_env, ChildGuard, InProcessRelay,
+    OutputInTime, RelayProcess, SettingsFile, CHILD_DEADLINE,
+};
+pub use services::{assert_within, server_of, skip, through, within, MARGIN};
 pub use tls_proxy::{TestCa, TlsProxy};
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -59,14 +59,103 @@ impl InProcessRelay {
     }
 }
 
-/// Runs the relay `binary` with `settings` in its environment (no config file) and waits.
+/// The longest a one-shot command of the binary (`status`, `migrate`, `run` expected to
+/// fail, …) may take before the test kills it and fails: a misclassified refusal that
+/// waits forever fails the test instead of hanging the suite.
+pub const CHILD_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs the relay `binary` with `settings` in its environment (no config file) and waits,
+/// at most [`CHILD_DEADLINE`].
 pub fn run_binary(binary: &str, settings: &Settings, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(binary)
+    let mut command = std::process::Command::new(binary);
+    command
         .args(["--config", "/dev/null"])
         .args(args)
-        .envs(settings_env(settings))
-        .output()
-        .expect("the relay binary runs")
+        .envs(settings_env(settings));
+    output_within(&mut command, CHILD_DEADLINE)
+}
+
+/// `command.output()`, but killed (and the test failed, showing what it printed) if it
+/// has not exited within `deadline`. Blocking: call it off a runtime thread that serves a
+/// proxy the command needs (`spawn_blocking`).
+pub fn output_within(
+    command: &mut std::process::Command,
+    deadline: Duration,
+) -> std::process::Output {
+    let child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("{command:?} does not start: {error}"));
+    finish_within(child, &format!("{command:?}"), deadline)
+}
+
+/// Waits for `child` (reading the pipes it has), at most `deadline`; past it, kills it and
+/// fails the test with its stderr.
+pub fn finish_within(
+    mut child: std::process::Child,
+    what: &str,
+    deadline: Duration,
+) -> std::process::Output {
+    use std::io::Read;
+    fn read(stream: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut stream) = stream {
+                let _ = stream.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let stdout = read(child.stdout.take());
+    let stderr = read(child.stderr.take());
+    let until = std::time::Instant::now() + deadline;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("child status") {
+            break status;
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = String::from_utf8_lossy(&stderr.join().unwrap_or_default()).into_owned();
+            panic!("{what} did not exit within {deadline:?}; killed. Its stderr:\n{stderr}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+/// `Command::output` with a deadline ([`CHILD_DEADLINE`]): every child a test runs ends.
+pub trait OutputInTime {
+    /// Runs the command to its end, stdout and stderr captured; kills it and fails the
+    /// test past [`CHILD_DEADLINE`].
+    fn output_in_time(&mut self) -> std::io::Result<std::process::Output>;
+}
+
+impl OutputInTime for std::process::Command {
+    fn output_in_time(&mut self) -> std::io::Result<std::process::Output> {
+        let child = self
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        Ok(finish_within(child, &format!("{self:?}"), CHILD_DEADLINE))
+    }
+}
+
+/// A child process killed (and reaped) when dropped, so a failing test leaves none behind.
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The settings written as a TOML file for `--config`, removed on drop: what the
@@ -85,14 +174,12 @@ impl SettingsFile {
         Self { path }
     }
 
-    /// Runs the relay `binary` with this file (nothing in the environment) and waits.
+    /// Runs the relay `binary` with this file (nothing in the environment) and waits, at
+    /// most [`CHILD_DEADLINE`].
     pub fn run(&self, binary: &str, args: &[&str]) -> std::process::Output {
-        std::process::Command::new(binary)
-            .arg("--config")
-            .arg(&self.path)
-            .args(args)
-            .output()
-            .expect("the relay binary runs")
+        let mut command = std::process::Command::new(binary);
+        command.arg("--config").arg(&self.path).args(args);
+        output_within(&mut command, CHILD_DEADLINE)
     }
 
     /// Starts `binary run` with this file; `name` names its log file.
@@ -148,11 +235,17 @@ impl RelayProcess {
         Self { child, log }
     }
 
-    /// The lines of its JSON log whose message starts with `prefix`, in order.
+    /// The lines of its JSON log whose message starts with `prefix`, in order. Fails on a
+    /// line that is not JSON (a relay run with `log.format = "json"` writes no other), so a
+    /// check that something was not logged cannot pass because the format changed.
     pub fn log_lines(&self, prefix: &str) -> Vec<serde_json::Value> {
         self.log_text()
             .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| {
+                serde_json::from_str::<serde_json::Value>(line)
+                    .unwrap_or_else(|error| panic!("a log line that is not JSON ({error}): {line}"))
+            })
             .filter(|line| {
                 line["message"]
                     .as_str()

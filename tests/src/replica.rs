@@ -3,6 +3,7 @@
 //! `read_only` the test may flip. Each lives in a temporary directory on free loopback
 //! ports and is stopped and removed on drop, also when the test fails.
 
+use crate::relay::OutputInTime as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -25,7 +26,7 @@ fn run_as(user: &str, program: &str, args: &[&str]) {
         .args(["-u", user, "--", program])
         .args(args)
         .stdin(Stdio::null())
-        .output()
+        .output_in_time()
         .unwrap_or_else(|error| panic!("{program}: {error}"));
     assert!(
         output.status.success(),
@@ -175,7 +176,7 @@ impl PgPair {
         for statement in statements {
             psql.args(["-c", statement]);
         }
-        let output = psql.output().expect("psql runs");
+        let output = psql.output_in_time().expect("psql runs");
         assert!(
             output.status.success(),
             "{statements:?}: {}",

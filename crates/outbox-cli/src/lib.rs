@@ -99,9 +99,16 @@ pub fn main() -> ExitCode {
             ExitCode::from(EXIT_CONFIG)
         }
         Err(error) => {
+            // A second signal, or relay.shutdown_timeout: a forced stop.
+            let forced =
+                error.is::<commands::ForcedStop>() || error.is::<outbox_relay::ShutdownError>();
             // Our messages carry redacted URLs only; a library's may echo more.
             let error = secrets.scrub(&format!("{error:#}"));
             final_error(json, Ending::Failed, &error);
+            if forced {
+                // What still runs is abandoned, not dropped (see `ForcedStop`).
+                std::process::exit(EXIT_FAILURE.into());
+            }
             ExitCode::from(EXIT_FAILURE)
         }
     }

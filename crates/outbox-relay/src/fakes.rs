@@ -375,7 +375,26 @@ impl<M: Message<Result = ()> + Unpin + 'static> Handler<M> for Collector<M> {
     }
 }
 
+/// Answered by a [`Collector`] once every message queued before it is handled: a barrier
+/// for "nothing more arrived", where waiting for a count could return at once.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct Barrier;
+
+impl<M: Message<Result = ()> + Unpin + 'static> Handler<Barrier> for Collector<M> {
+    type Result = bool;
+
+    fn handle(&mut self, _: Barrier, _: &mut Self::Context) -> bool {
+        true
+    }
+}
+
 impl<M: Clone> Seen<M> {
+    /// Everything received so far.
+    pub fn now(&self) -> Vec<M> {
+        self.seen.lock().unwrap().clone()
+    }
+
     /// Waits until at least `count` messages arrived; returns them.
     pub async fn wait_for(&self, count: usize, deadline: Duration) -> Vec<M> {
         eventually("collected messages", deadline, || {

@@ -255,12 +255,14 @@ mod tests {
     struct Totals(Mutex<HashMap<String, Arc<AtomicU64>>>);
 
     impl Totals {
+        /// A registered counter's total; panics for one never registered, so a series
+        /// that must exist from the start cannot read as 0 by being absent.
         fn get(&self, key: &str) -> u64 {
-            self.0
-                .lock()
-                .unwrap()
-                .get(key)
-                .map_or(0, |total| total.load(Ordering::SeqCst))
+            let totals = self.0.lock().unwrap();
+            let total = totals.get(key).unwrap_or_else(|| {
+                panic!("{key} never registered; registered: {:?}", totals.keys())
+            });
+            total.load(Ordering::SeqCst)
         }
     }
 
@@ -320,9 +322,14 @@ mod tests {
             dead("invalid"),
             Resolution::Released,
         ];
+        let failed = |reason| format!("{EVENTS_FAILED}{{reason={reason},outbox=orders}}");
+        // Every series exists from the start, at 0, so a first failure is a rate > 0.
+        for reason in PublishError::REASONS {
+            assert_eq!(totals.get(&failed(reason)), 0, "{reason}");
+        }
+        assert_eq!(totals.get(&format!("{EVENTS_DEAD}{{outbox=orders}}")), 0);
         counters.committed(flush.iter());
         counters.committed([dead("timeout")].iter());
-        let failed = |reason| format!("{EVENTS_FAILED}{{reason={reason},outbox=orders}}");
         assert_eq!(
             totals.get(&format!("{EVENTS_PUBLISHED}{{outbox=orders}}")),
             2

@@ -16,6 +16,7 @@ pub mod demo;
 mod migrate;
 mod purge;
 mod run;
+pub use run::ForcedStop;
 mod status;
 mod top;
 

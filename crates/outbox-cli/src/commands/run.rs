@@ -7,7 +7,7 @@ use crate::settings::Config;
 use crate::signals::StopSignals;
 use crate::startup::{open_broker, open_outboxes, start_relays, OpenOutbox};
 use crate::traces::Traces;
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use outbox_amqp::Broker;
 use tracing::{info, warn};
 
@@ -68,7 +68,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         result = relays.shutdown(config.relay.shutdown_timeout) => result?,
         signal = signals.next() => {
             warn!(signal, "second signal: forcing the stop; leases will expire on their own");
-            bail!("stopped by a second {signal} before the graceful shutdown finished");
+            return Err(ForcedStop(format!(
+                "stopped by a second {signal} before the graceful shutdown finished"
+            ))
+            .into());
         }
     }
     broker.close().await;
@@ -80,6 +83,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A stop forced by a second signal: the process ends right after saying so, without
+/// dropping what still runs (pools, publishes, timers), which would otherwise be dropped
+/// outside the runtime as it shuts down (a panic in the log); leases expire on their own.
+#[derive(Debug)]
+pub struct ForcedStop(String);
+
+impl std::fmt::Display for ForcedStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ForcedStop {}
 
 /// Opens every outbox's database (migrating it when `database.migrate_on_start`), then the
 /// broker, each waited for while it is unreachable, within `relay.startup_timeout`
