@@ -50,6 +50,8 @@ mod outboxes;
 mod privileges;
 /// `enqueue` in the caller's transaction, the README's plain INSERT, the trace context.
 mod producer;
+/// `relay.published_rows = "delete"`: confirmed rows deleted, the held and the dead kept.
+mod published_rows;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.
 mod retention;
 /// Passwords never reach `check-config`, logs or error messages; from the environment they
