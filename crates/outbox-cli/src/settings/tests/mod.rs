@@ -244,7 +244,9 @@ fn published_rows_are_kept_unless_delete_is_asked_per_outbox_or_for_all() {
     let rows: Vec<PublishedRows> = config.outboxes.iter().map(|o| o.published_rows).collect();
     assert_eq!(rows, [PublishedRows::Delete, PublishedRows::Keep]);
     assert_eq!(
-        config.outboxes[1].relay_options(&config.relay).published_rows,
+        config.outboxes[1]
+            .relay_options(&config.relay)
+            .published_rows,
         PublishedRows::Keep
     );
     let error = load("[relay]\npublished_rows = \"drop\"", &[]).unwrap_err();
@@ -257,7 +259,10 @@ fn published_rows_are_kept_unless_delete_is_asked_per_outbox_or_for_all() {
         &[],
     )
     .unwrap_err();
-    assert!(error.contains("published_rows: \"purge\" is invalid"), "{error}");
+    assert!(
+        error.contains("published_rows: \"purge\" is invalid"),
+        "{error}"
+    );
 }
 
 #[test]
