@@ -3,11 +3,6 @@
 //! consumer runs as a child process, so the CPU time and peak RSS reported are the relay's
 //! own. The figures and how to read them: BENCHMARKS.md.
 
-/// The allocator of the `outbox-relay` binary, so that the relay measured here allocates
-/// as it does there.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod baseline;
 mod compare;
 mod consumer;
