@@ -130,7 +130,7 @@ async fn relays_a_debezium_table_in_place(backend: Backend) {
     let applied = outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &columns)
         .await
         .expect("the table is adopted");
-    assert_eq!(applied.len(), 5, "{applied:?}");
+    assert_eq!(applied.len(), 7, "{applied:?}");
     // After: ids in no particular order; SQLite also gets a payload that is no UTF-8.
     let mut after = vec![
         (uuid(4, 'f'), "a", json(r#"{"n":4}"#)),
@@ -252,7 +252,7 @@ async fn adopts_the_original_workers_table(backend: Backend) {
         outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &Columns::default())
             .await
             .expect("the table is adopted");
-    assert_eq!(applied.len(), 5, "{applied:?}");
+    assert_eq!(applied.len(), 7, "{applied:?}");
     let store = checked_store(&fixture, Columns::default()).await;
     let stats = store.stats().await.unwrap();
     assert_eq!(
@@ -295,7 +295,7 @@ async fn plan_lists_the_changes_and_makes_none(backend: Backend) {
         .await
         .expect("a plan");
     let names: Vec<&str> = steps.iter().map(|step| step.name).collect();
-    assert_eq!(names.len(), 5, "{names:?}");
+    assert_eq!(names.len(), 7, "{names:?}");
     let adopt = steps[0].statements.join("\n");
     let t = &fixture.table;
     for column in [
@@ -503,7 +503,7 @@ async fn postgres_autovacuum_parameters_are_set_on_new_adopted_and_earlier_table
             "{option} missing from {options:?}"
         );
     }
-    assert!(options.contains(&"fillfactor=70".to_owned()), "{options:?}");
+    assert!(options.contains(&"fillfactor=45".to_owned()), "{options:?}");
     // Migrating again changes nothing.
     let again = outbox_store::migrate(db, t).await.unwrap();
     assert!(again.is_empty(), "{again:?}");
@@ -539,7 +539,7 @@ async fn postgres_autovacuum_parameters_are_set_on_new_adopted_and_earlier_table
     );
     assert_eq!(
         reloptions(db, t).await,
-        ["fillfactor=70"],
+        ["fillfactor=45"],
         "plan changed nothing"
     );
     let applied = outbox_store::migrate(db, t).await.unwrap();

@@ -58,6 +58,8 @@ mod producer;
 /// requeued, the `node_id` default, `amqp.content_type`, the demo, one-shot commands
 /// failing at once.
 mod promises;
+/// `relay.published_rows = "delete"`: confirmed rows deleted, the held and the dead kept.
+mod published_rows;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.
 mod retention;
 /// Passwords never reach `check-config`, logs or error messages; from the environment they

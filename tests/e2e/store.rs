@@ -685,3 +685,84 @@ async fn stats_say_whether_autovacuum_looks_after_the_table(backend: Backend) {
 }
 
 per_backend!(stats_say_whether_autovacuum_looks_after_the_table: postgres, mariadb, sqlite);
+
+/// The heap page of each row, by id (PostgreSQL: the block of its `ctid`).
+async fn pages(database: &TestDatabase) -> Vec<(i64, i64)> {
+    let sql = format!(
+        "SELECT id, (ctid::text::point)[0]::bigint AS page FROM {} ORDER BY id",
+        database.table
+    );
+    database
+        .db()
+        .query_all(sea_orm::Statement::from_string(database.backend(), sql))
+        .await
+        .expect("pages readable")
+        .iter()
+        .map(|row| {
+            (
+                row.try_get::<i64>("", "id").unwrap(),
+                row.try_get::<i64>("", "page").unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 28: the table's fillfactor leaves every row of a page room for its lease, so a
+/// claim's updates are all HOT — each new version stays on its page (a version that had
+/// to move would have written an entry in each of the table's indexes). At 70 a claim of
+/// whole pages of 600-byte rows moved more than half of them.
+#[actix_rt::test]
+async fn postgres_leases_stay_on_their_pages_and_marks_skip_a_room_index() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    // And no index of every row by room, which cost each mark an entry (migration 7).
+    let sql = format!(
+        "SELECT indexname::text AS name FROM pg_indexes WHERE tablename = '{}' ORDER BY 1",
+        database.table
+    );
+    let indexes: Vec<String> = database
+        .db()
+        .query_all(sea_orm::Statement::from_string(database.backend(), sql))
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.try_get::<String>("", "name").unwrap())
+        .collect();
+    let t = &database.table;
+    assert_eq!(
+        indexes,
+        [
+            format!("{t}_event_id_key"),
+            format!("{t}_pending_idx"),
+            format!("{t}_pending_room_idx"),
+            format!("{t}_pkey"),
+            format!("{t}_retention_idx"),
+        ]
+    );
+    let events: Vec<NewEvent> = (0..400)
+        .map(|n| NewEvent {
+            envelope: format!(r#"{{"n":{n},"text":"{}"}}"#, "x".repeat(500)),
+            ..event(&format!("e{n:03}"), &format!("r{}", n % 40))
+        })
+        .collect();
+    outbox_tests::seed(&database, &events).await;
+    let before = pages(&database).await;
+    assert!(
+        before.last().map(|(_, page)| *page).unwrap_or(0) >= 10,
+        "several pages of rows: {before:?}"
+    );
+    let mut claimed = 0;
+    for _ in 0..4 {
+        claimed += database
+            .store
+            .claim(&claim("n1", 100, Ordering::PerRoom))
+            .await
+            .unwrap()
+            .len();
+    }
+    assert_eq!(claimed, 400);
+    let after = pages(&database).await;
+    let moved: Vec<_> = before.iter().zip(&after).filter(|(b, a)| b != a).collect();
+    assert_eq!(before.len(), after.len());
+    assert!(moved.is_empty(), "leases that left their page: {moved:?}");
+    database.drop_table().await;
+}

@@ -1,6 +1,7 @@
 //! The bare lapin publisher the relay is measured against: the same message size and
 //! queue, confirms pipelined with a bounded window.
 
+use crate::consumer::{Consume, ConsumerProcess};
 use crate::cost::broker_cpu_seconds;
 use anyhow::Context as _;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -9,7 +10,7 @@ use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
 use outbox_amqp::tap::{declare_topic_exchange, delete_exchange};
 use outbox_amqp::{Tap, TapQueue};
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The broker URL of the benchmarks.
 pub fn amqp_url() -> String {
@@ -66,8 +67,11 @@ impl Baseline {
 
 /// Publishes `events` persistent messages of `body_bytes` bytes to a durable topic exchange
 /// bound to one durable queue, with 256 and then 1024 confirms in flight; returns the
-/// better run.
-pub async fn run(events: usize, body_bytes: usize) -> anyhow::Result<Baseline> {
+/// better run. A consumer process reads the queue as `drain`'s does (`consume`: while the
+/// messages are published, or only after each window), so that the broker's work per
+/// message, and so "all in ÷ bare", compare like with like: RabbitMQ confirms a persistent
+/// message nobody consumes only once it is on disk, and delivering costs it CPU too.
+pub async fn run(events: usize, body_bytes: usize, consume: Consume) -> anyhow::Result<Baseline> {
     let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
         .await
         .context("cannot connect to RabbitMQ (start it with `rabbitmq-server -detached`)")?;
@@ -77,7 +81,6 @@ pub async fn run(events: usize, body_bytes: usize) -> anyhow::Result<Baseline> {
         .await?;
     let name = format!("bench.baseline.{}", std::process::id());
     declare_topic_exchange(&channel, &name).await?;
-    // Nobody consumes it: the run measures the publishing side alone.
     let tap = Tap::open(channel, TapQueue::Durable(name.clone()), &name, "#").await?;
     let channel = tap.channel();
     let body = vec![b'x'; body_bytes];
@@ -86,6 +89,9 @@ pub async fn run(events: usize, body_bytes: usize) -> anyhow::Result<Baseline> {
         ..Baseline::default()
     };
     for window in [256, 1024] {
+        // Message ids `baseline-{n:08}`, room header `room-{n % 1000}`: what the consumer
+        // checks (every message there, each room's in order).
+        let mut consumer = ConsumerProcess::start(&name, events, 1000, false, consume).await?;
         let broker_before = broker_cpu_seconds(&crate::process::all());
         let cpu_before = crate::process::cpu_seconds();
         let started = Instant::now();
@@ -112,8 +118,9 @@ pub async fn run(events: usize, body_bytes: usize) -> anyhow::Result<Baseline> {
             expect_ack(Some(confirm)).await?;
         }
         let rate = events as f64 / started.elapsed().as_secs_f64();
+        let broker_after = broker_cpu_seconds(&crate::process::all());
         let cpu_us = (crate::process::cpu_seconds() - cpu_before) / events.max(1) as f64 * 1e6;
-        let broker_us = broker_cpu_seconds(&crate::process::all())
+        let broker_us = broker_after
             .zip(broker_before)
             .map(|(now, then)| (now - then) / events.max(1) as f64 * 1e6);
         if rate > best.rate {
@@ -125,9 +132,16 @@ pub async fn run(events: usize, body_bytes: usize) -> anyhow::Result<Baseline> {
                 broker_us,
             };
         }
-        channel
-            .queue_purge(name.as_str().into(), Default::default())
-            .await?;
+        if consume == Consume::Later {
+            consumer.release()?;
+        }
+        let report = consumer.finish(Duration::from_secs(120)).await?;
+        if report.delivered < events {
+            anyhow::bail!(
+                "baseline: only {} of {events} messages arrived",
+                report.delivered
+            );
+        }
     }
     tap.delete().await?;
     delete_exchange(channel, &name).await?;

@@ -141,8 +141,8 @@ pub enum Consume {
     /// At once: deliveries are timed as they happen (`latency`).
     Now,
     /// Only after [`ConsumerProcess::release`]: the queue is bound, so nothing is missed,
-    /// but the broker does not deliver while the relay is timed — as in the baseline,
-    /// which publishes to a queue nobody consumes (`drain`).
+    /// but the broker does not deliver while the relay (or the baseline's window) is timed
+    /// (`drain --consume-after`).
     Later,
 }
 

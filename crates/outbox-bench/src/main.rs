@@ -60,6 +60,9 @@ struct BaselineArgs {
     /// Bytes per message body.
     #[arg(long, default_value_t = 512)]
     envelope_bytes: usize,
+    /// Let the consumer read the queue only after each window (as `drain --consume-after`).
+    #[arg(long)]
+    consume_after: bool,
 }
 
 fn main() -> ExitCode {
@@ -68,9 +71,16 @@ fn main() -> ExitCode {
     let result = system.block_on(async move {
         match cli.scenario {
             Scenario::Drain(args) => scenario::drain(args).await,
-            Scenario::Baseline(args) => baseline::run(args.events, args.envelope_bytes)
-                .await
-                .map(|result| result.print()),
+            Scenario::Baseline(args) => baseline::run(
+                args.events,
+                args.envelope_bytes,
+                match args.consume_after {
+                    true => consumer::Consume::Later,
+                    false => consumer::Consume::Now,
+                },
+            )
+            .await
+            .map(|result| result.print()),
             Scenario::Latency(args) => latency::run(args).await,
             Scenario::Matrix(args) => scenario::matrix(args).await,
             Scenario::History(args) => history::run(args).await,

@@ -4,7 +4,7 @@
 use crate::settings::{Config, OutboxConfig};
 use anyhow::Context as _;
 use outbox_amqp::{Broker, Routing};
-use outbox_core::{EventPublisher, RelayOptions};
+use outbox_core::{EventPublisher, PublishedRows, RelayOptions};
 use outbox_relay::{Relay, Relays};
 use outbox_store::{SeaOrmStore, WakeUps};
 use std::collections::HashMap;
@@ -87,22 +87,17 @@ fn unmigrated_hint(error: anyhow::Error, migrate_on_start: bool) -> anyhow::Erro
 }
 
 /// Whether the role may do to the outbox's tables what `run` does
-/// ([`outbox_store::missing_privileges`]; deleting only with `relay.retention`): each
+/// ([`outbox_store::missing_privileges`]; deleting only with `relay.retention` or
+/// `relay.published_rows = "delete"`): each
 /// privilege missing is named with its `GRANT`, as one [`ConfigProblem`].
 pub async fn check_privileges(config: &Config, outbox: &OpenOutbox) -> anyhow::Result<()> {
     let name = &outbox.config.name;
-    let retention = outbox
-        .config
-        .relay_options(&config.relay)
-        .retention
-        .is_some();
-    let missing = outbox_store::missing_privileges(
-        outbox.store.connection(),
-        outbox.store.table(),
-        retention,
-    )
-    .await
-    .with_context(|| format!("outbox {name}: cannot read the role's privileges"))?;
+    let options = outbox.config.relay_options(&config.relay);
+    let deletes = options.retention.is_some() || options.published_rows == PublishedRows::Delete;
+    let missing =
+        outbox_store::missing_privileges(outbox.store.connection(), outbox.store.table(), deletes)
+            .await
+            .with_context(|| format!("outbox {name}: cannot read the role's privileges"))?;
     if missing.is_empty() {
         return Ok(());
     }
@@ -135,7 +130,9 @@ pub async fn open_unchecked(
                     )
                 })?,
         };
-        let store = SeaOrmStore::new(db, outbox.table.clone()).with_columns(outbox.columns.clone());
+        let store = SeaOrmStore::new(db, outbox.table.clone())
+            .with_columns(outbox.columns.clone())
+            .with_published_rows(outbox.published_rows);
         pools
             .entry(&outbox.database_url)
             .or_insert_with(|| store.clone());

@@ -24,7 +24,7 @@ pub mod trace;
 
 pub use backoff::Backoff;
 pub use error_text::{trim_error, MAX_ERROR_BYTES};
-pub use options::{Ordering, RelayOptions};
+pub use options::{Ordering, PublishedRows, RelayOptions};
 pub use outcome::{Failure, MarkBatch, OutcomeKind};
 pub use ports::{
     Backlog, ClaimRequest, Claimed, Confirm, EventPublisher, InsertFeed, OutboxStats, OutboxStore,

@@ -35,6 +35,36 @@ impl fmt::Display for Ordering {
     }
 }
 
+/// `relay.published_rows`: what becomes of a row once the broker confirmed its event.
+/// Spelled as in the settings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PublishedRows {
+    /// Marked `published` (with `published_at`) and kept until `relay.retention` deletes
+    /// it, if ever: the table is the event's record.
+    #[default]
+    Keep,
+    /// Deleted at once: the broker holds the event, the table only what is still to send
+    /// and the dead (the convention of Debezium's and faststream's outbox users).
+    Delete,
+}
+
+impl PublishedRows {
+    /// The settings spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PublishedRows::Keep => "keep",
+            PublishedRows::Delete => "delete",
+        }
+    }
+}
+
+impl fmt::Display for PublishedRows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Everything the actors need to know, already validated.
 #[derive(Debug, Clone)]
 pub struct RelayOptions {
@@ -66,6 +96,8 @@ pub struct RelayOptions {
     pub shutdown_timeout: Duration,
     /// Published rows older than this are deleted (the Janitor); `None` keeps them forever.
     pub retention: Option<Duration>,
+    /// Whether a published row is kept (marked) or deleted (the store's mark).
+    pub published_rows: PublishedRows,
 }
 
 /// "1s", "250ms": the way settings spell durations.
@@ -97,6 +129,23 @@ mod tests {
             error.contains("per_room") && error.contains("none"),
             "lists the accepted spellings: {error}"
         );
+    }
+
+    #[test]
+    fn published_rows_parse_from_their_settings_spelling() {
+        let parse = |spelling: &str| {
+            let spelling: StrDeserializer<'_, Error> = spelling.into_deserializer();
+            PublishedRows::deserialize(spelling).map_err(|error| error.to_string())
+        };
+        for rows in [PublishedRows::Keep, PublishedRows::Delete] {
+            assert_eq!(parse(rows.as_str()), Ok(rows));
+        }
+        let error = parse("drop").unwrap_err();
+        assert!(
+            error.contains("keep") && error.contains("delete"),
+            "{error}"
+        );
+        assert_eq!(PublishedRows::default(), PublishedRows::Keep);
     }
 
     #[test]

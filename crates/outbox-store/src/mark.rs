@@ -6,7 +6,7 @@ use crate::sql::Index;
 use crate::sql::{DEAD, PENDING, PUBLISHED};
 use crate::store::SeaOrmStore;
 use chrono::Utc;
-use outbox_core::MarkBatch;
+use outbox_core::{MarkBatch, PublishedRows};
 use sea_orm::{ConnectionTrait, DbErr, TransactionTrait};
 use std::time::Duration;
 
@@ -22,14 +22,23 @@ impl SeaOrmStore {
         let now = Utc::now();
         let mut statements: Vec<(Params, String)> = Vec::with_capacity(4);
         if !batch.published.is_empty() {
-            // The broker confirmed: `published` wins even if the lease was lost meanwhile.
+            // The broker confirmed: `published` wins even if the lease was lost meanwhile
+            // (and a deleted row is gone whatever another node made of it).
             let mut params = Params::new(dialect);
-            let at = params.bind_time(now);
-            let ids = params.any_of(&batch.published);
-            let sql = format!(
-                "UPDATE {t} SET status = {PUBLISHED}, published_at = {at}, locked_by = NULL, \
-                 locked_until = NULL WHERE {p} {ids} AND status <> {PUBLISHED}"
-            );
+            let sql = match self.published_rows() {
+                PublishedRows::Keep => {
+                    let at = params.bind_time(now);
+                    let ids = params.any_of(&batch.published);
+                    format!(
+                        "UPDATE {t} SET status = {PUBLISHED}, published_at = {at}, locked_by = NULL, \
+                         locked_until = NULL WHERE {p} {ids} AND status <> {PUBLISHED}"
+                    )
+                }
+                PublishedRows::Delete => {
+                    let ids = params.any_of(&batch.published);
+                    format!("DELETE FROM {t} WHERE {p} {ids}")
+                }
+            };
             statements.push((params, sql));
         }
         if !batch.retried.is_empty() {

@@ -13,8 +13,8 @@ use crate::sql::TableName;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Backlog, ClaimRequest, Claimed, MarkBatch, OutboxRecord, OutboxStats, OutboxStore, PurgeTarget,
-    StoreError,
+    Backlog, ClaimRequest, Claimed, MarkBatch, OutboxRecord, OutboxStats, OutboxStore,
+    PublishedRows, PurgeTarget, StoreError,
 };
 use sea_orm::{ConnectOptions, ConnectionTrait, DatabaseConnection, DbErr};
 use std::sync::Arc;
@@ -111,6 +111,8 @@ pub struct SeaOrmStore {
     /// The pool's failover state (PostgreSQL, MySQL/MariaDB): a read-only answer to a
     /// statement retires the pool's connections (`failover.rs`).
     failover: Option<Arc<Failover>>,
+    /// What the mark does to a published row: `UPDATE` it or `DELETE` it.
+    published_rows: PublishedRows,
 }
 
 impl SeaOrmStore {
@@ -126,7 +128,20 @@ impl SeaOrmStore {
             reads,
             statistics: Arc::default(),
             failover,
+            published_rows: PublishedRows::Keep,
         }
+    }
+
+    /// The same store with published rows kept (marked `published`, the default) or
+    /// deleted when their outcome is written (`relay.published_rows`).
+    pub fn with_published_rows(mut self, rows: PublishedRows) -> Self {
+        self.published_rows = rows;
+        self
+    }
+
+    /// What the mark does to a published row.
+    pub fn published_rows(&self) -> PublishedRows {
+        self.published_rows
     }
 
     /// The same store with claims cancelled after `timeout` instead of 1 s (PostgreSQL):

@@ -80,7 +80,9 @@ pub async fn check_tables(config: &Config) -> anyhow::Result<Vec<String>> {
         };
         let mut opened = OpenOutbox {
             config: outbox.clone(),
-            store: SeaOrmStore::new(db, outbox.table.clone()).with_columns(outbox.columns.clone()),
+            store: SeaOrmStore::new(db, outbox.table.clone())
+                .with_columns(outbox.columns.clone())
+                .with_published_rows(outbox.published_rows),
         };
         let checked = check_table(config, &mut opened, &mut problems).await;
         let _ = opened.store.connection().clone().close().await;

@@ -3,7 +3,7 @@
 use super::shape::Settings;
 use crate::secrets::{redact_url, Secrets};
 use outbox_amqp::{AmqpSettings, Routing};
-use outbox_core::{Ordering, RelayOptions};
+use outbox_core::{Ordering, PublishedRows, RelayOptions};
 use outbox_store::{Columns, TableName};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -129,6 +129,8 @@ pub struct OutboxConfig {
     pub ordering: Ordering,
     /// Its own Publisher actors (confirm channels).
     pub publishers: usize,
+    /// Published rows kept or deleted.
+    pub published_rows: PublishedRows,
 }
 
 impl OutboxConfig {
@@ -138,6 +140,7 @@ impl OutboxConfig {
             outbox: self.name.clone(),
             ordering: self.ordering,
             publishers: self.publishers,
+            published_rows: self.published_rows,
             ..relay.clone()
         }
     }
@@ -154,6 +157,7 @@ impl std::fmt::Debug for OutboxConfig {
             .field("routing", &self.routing)
             .field("ordering", &self.ordering)
             .field("publishers", &self.publishers)
+            .field("published_rows", &self.published_rows)
             .finish()
     }
 }

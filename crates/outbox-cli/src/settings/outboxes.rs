@@ -9,7 +9,7 @@ use super::validate::url_setting;
 use super::ConfigError;
 use crate::secrets::{self, PasswordKeys};
 use outbox_amqp::{AmqpSettings, Routing};
-use outbox_core::{Ordering, RelayOptions};
+use outbox_core::{Ordering, PublishedRows, RelayOptions};
 use outbox_store::{ColumnName, Columns, TableName};
 use std::sync::Arc;
 
@@ -44,6 +44,7 @@ pub(super) fn validate(
             routing: Arc::new(inherited.amqp.routing()),
             ordering: inherited.relay.ordering,
             publishers: inherited.relay.publishers,
+            published_rows: inherited.relay.published_rows,
         }]);
     }
     let errors_before = report.errors.len();
@@ -128,6 +129,16 @@ impl OutboxSettings {
                 }
             },
         };
+        let published_rows = match self.published_rows.trim() {
+            "" => Some(inherited.relay.published_rows),
+            text => match super::field::Field::<PublishedRows>::new(text).parsed() {
+                Ok(rows) => Some(*rows),
+                Err(accepted) => {
+                    problems.push(format!("published_rows: {text:?} is invalid: {accepted}"));
+                    None
+                }
+            },
+        };
         let publishers = match self.publishers {
             0 => inherited.relay.publishers,
             n if n < 0 => {
@@ -149,6 +160,7 @@ impl OutboxSettings {
             routing: Arc::new(routing?),
             ordering: ordering?,
             publishers,
+            published_rows: published_rows?,
         })
     }
 

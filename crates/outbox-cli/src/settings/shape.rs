@@ -10,7 +10,7 @@ fn redact_urls(value: &str) -> String {
     let urls: Vec<String> = broker_urls(value).into_iter().map(redact_url).collect();
     urls.join(",")
 }
-use outbox_core::{Ordering, RetryStrategy};
+use outbox_core::{Ordering, PublishedRows, RetryStrategy};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
@@ -155,6 +155,8 @@ pub struct OutboxSettings {
     pub routes: Option<Vec<RouteSettings>>,
     /// Each key absent: the `[database.columns]` value.
     pub columns: OutboxColumnsSettings,
+    /// Blank: `relay.published_rows`.
+    pub published_rows: String,
 }
 
 /// `[amqp]`
@@ -285,6 +287,8 @@ pub struct RelaySettings {
     pub shutdown_timeout: Field<Span>,
     /// Published rows older than this are deleted; blank or zero keeps them forever.
     pub retention: Field<Span>,
+    /// `keep` (marked `published`) or `delete` (deleted once confirmed).
+    pub published_rows: Field<PublishedRows>,
     /// The delivery objective: the oldest pending row may be this old; blank or zero: off.
     pub max_pending_age: Field<Span>,
     /// Whether a breach of `max_pending_age` makes `/readyz` answer 503.
@@ -392,6 +396,7 @@ impl Default for RelaySettings {
             ordering: "per_room".into(),
             shutdown_timeout: "30s".into(),
             retention: "".into(),
+            published_rows: "keep".into(),
             max_pending_age: "".into(),
             max_pending_age_readiness: true,
             startup_timeout: "".into(),

@@ -245,6 +245,7 @@ impl RelaySettings {
             check.parse("retry_strategy", &self.retry_strategy, None)
         };
         let ordering = check.parse("ordering", &self.ordering, None);
+        let published_rows = check.parse("published_rows", &self.published_rows, None);
 
         let (poll_interval, retry_interval) = (poll_interval?, retry_interval?);
         Some(RelayOptions {
@@ -274,6 +275,7 @@ impl RelaySettings {
             ordering: ordering?,
             shutdown_timeout: shutdown_timeout?,
             retention: retention?,
+            published_rows: published_rows?,
         })
     }
 }

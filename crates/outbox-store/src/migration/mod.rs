@@ -90,6 +90,14 @@ const MIGRATIONS: &[Migration] = &[
         name: "m20261203_000005_set_room_outbox_autovacuum",
         statements: set_autovacuum,
     },
+    Migration {
+        name: "m20261204_000006_lower_room_outbox_fillfactor",
+        statements: lower_fillfactor,
+    },
+    Migration {
+        name: "m20261204_000007_drop_room_outbox_room_index",
+        statements: drop_room_index,
+    },
 ];
 
 /// PostgreSQL's per-table autovacuum parameters that [`set_autovacuum`] sets.
@@ -139,6 +147,43 @@ fn set_fillfactor(cx: &Context<'_>) -> Result<Vec<String>, Error> {
     }
     Ok(vec![format!("ALTER TABLE {t} SET (fillfactor = 70)")])
 }
+
+/// PostgreSQL: leave more than half of every new heap page free, so that every row of a
+/// page can take its lease as a HOT update, not a third of them (issue 28: at 70, 56 % of
+/// the leases found no room and wrote a new entry in each of the table's indexes). The
+/// cost: a new row takes about 1.5 times the pages until its versions are pruned.
+/// Existing pages keep their layout until rewritten. Why 45 and what it saves:
+/// docs/design.md#the-outbox-table.
+fn lower_fillfactor(cx: &Context<'_>) -> Result<Vec<String>, Error> {
+    let t = cx.table;
+    if cx.dialect != Dialect::Postgres {
+        return Ok(Vec::new());
+    }
+    Ok(vec![format!(
+        "ALTER TABLE {t} SET (fillfactor = {FILLFACTOR})"
+    )])
+}
+
+/// PostgreSQL: no index of every row by room. A mark cannot be HOT (it moves the row out
+/// of the pending indexes), so it writes an entry in every index whose predicate the
+/// published row meets; `(room_id, id)` over every row, which no statement of the relay
+/// reads, cost each mark an entry: 14 % of its buffers and 18 % of its WAL (issue 28).
+/// Pending rows by room keep their index (the claim's per-room check); dead rows are
+/// found through `(status, published_at)`. A table of the relay's own only: a producer's
+/// index by another name is left alone. InnoDB and SQLite update only the indexes whose
+/// columns change, so there the index costs a mark nothing and stays.
+fn drop_room_index(cx: &Context<'_>) -> Result<Vec<String>, Error> {
+    if cx.dialect != Dialect::Postgres {
+        return Ok(Vec::new());
+    }
+    Ok(vec![format!(
+        "DROP INDEX IF EXISTS {}",
+        cx.table.index(crate::sql::Index::Room)
+    )])
+}
+
+/// The fillfactor of PostgreSQL outbox tables ([`lower_fillfactor`]).
+pub const FILLFACTOR: u32 = 45;
 
 /// PostgreSQL: NOTIFY the channel named after the table once per INSERT statement (not
 /// per row), delivered at commit; the relay LISTENs and claims at once. Other backends

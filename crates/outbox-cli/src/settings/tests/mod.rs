@@ -227,6 +227,45 @@ fn unknown_ordering_is_rejected() {
 }
 
 #[test]
+fn published_rows_are_kept_unless_delete_is_asked_per_outbox_or_for_all() {
+    use outbox_core::PublishedRows;
+    let config = load("", &[]).unwrap();
+    assert_eq!(config.relay.published_rows, PublishedRows::Keep);
+    assert_eq!(config.outboxes[0].published_rows, PublishedRows::Keep);
+    let config = load("[relay]\npublished_rows = \"delete\"", &[]).unwrap();
+    assert_eq!(config.outboxes[0].published_rows, PublishedRows::Delete);
+    let config = load(
+        "[relay]\npublished_rows = \"delete\"\n\
+         [[outboxes]]\ntable = \"a\"\n\
+         [[outboxes]]\ntable = \"b\"\npublished_rows = \"keep\"",
+        &[],
+    )
+    .unwrap();
+    let rows: Vec<PublishedRows> = config.outboxes.iter().map(|o| o.published_rows).collect();
+    assert_eq!(rows, [PublishedRows::Delete, PublishedRows::Keep]);
+    assert_eq!(
+        config.outboxes[1]
+            .relay_options(&config.relay)
+            .published_rows,
+        PublishedRows::Keep
+    );
+    let error = load("[relay]\npublished_rows = \"drop\"", &[]).unwrap_err();
+    assert!(
+        error.contains("relay.published_rows") && error.contains("\"keep\" or \"delete\""),
+        "{error}"
+    );
+    let error = load(
+        "[[outboxes]]\ntable = \"a\"\npublished_rows = \"purge\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("published_rows: \"purge\" is invalid"),
+        "{error}"
+    );
+}
+
+#[test]
 fn max_inflight_bytes_defaults_to_64_mib_and_zero_means_the_default() {
     assert_eq!(
         load("", &[]).unwrap().relay.max_inflight_bytes,

@@ -1,0 +1,83 @@
+//! `relay.published_rows = "delete"`: a confirmed event's row is deleted, not marked; the
+//! rows still to send and the dead stay; room order and at-least-once hold as with `keep`.
+
+use outbox_tests::{
+    assert_every_event_delivered, eventually, own_room_events as events, per_backend, seed,
+    Backend, TestApp,
+};
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn delete_leaves_only_the_rows_still_to_send_and_the_dead(backend: Backend) {
+    let mut app = TestApp::on(backend)
+        .binding("room.#")
+        .settings(|settings| {
+            settings.relay.published_rows = "delete".into();
+            settings.relay.max_attempts = 2;
+            settings.relay.retry_interval = "50ms".into();
+        })
+        .build()
+        .await;
+    let live = events("live", 300, 30);
+    seed(&app.database, &live).await;
+    // Unroutable (the queue binds `room.#`): retried once, then dead — and kept.
+    let mut orphan = events("orphan", 1, 1);
+    orphan[0].event_type = "orphan.created".into();
+    seed(&app.database, &orphan).await;
+    // Not publishable for a day: stays pending, and stays.
+    let held = events("held", 3, 3);
+    seed(&app.database, &held).await;
+    app.database
+        .execute(&format!(
+            "UPDATE {{t}} SET available_at = {} WHERE event_id LIKE 'held-%'",
+            app.database.minutes_ago(-1440)
+        ))
+        .await;
+
+    app.start().await;
+    let later = events("later", 100, 10);
+    seed(&app.database, &later).await;
+    let database = &app.database;
+    eventually(
+        "published rows deleted, the orphan dead",
+        DEADLINE,
+        || async {
+            let rows = database.rows().await;
+            rows.len() == 4 && rows.iter().any(|row| row.status == "dead")
+        },
+    )
+    .await;
+    app.stop().await;
+
+    let received = app.broker.received();
+    let every: Vec<_> = live.iter().chain(&later).cloned().collect();
+    assert_every_event_delivered(&received, &every);
+    assert!(
+        received
+            .iter()
+            .all(|message| !message.message_id.starts_with("held-")),
+        "a held row is not published"
+    );
+    let mut left: Vec<(String, String)> = app
+        .database
+        .rows()
+        .await
+        .into_iter()
+        .map(|row| (row.event_id, row.status))
+        .collect();
+    left.sort();
+    let expected: Vec<(String, String)> = [
+        ("held-000000", "pending"),
+        ("held-000001", "pending"),
+        ("held-000002", "pending"),
+        ("orphan-000000", "dead"),
+    ]
+    .iter()
+    .map(|(id, status)| (id.to_string(), status.to_string()))
+    .collect();
+    assert_eq!(left, expected, "only the held and the dead rows are left");
+    app.teardown().await;
+}
+
+per_backend!(delete_leaves_only_the_rows_still_to_send_and_the_dead: postgres, sqlite, mariadb);
