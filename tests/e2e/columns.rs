@@ -75,6 +75,7 @@ fn debezium_columns(backend: DbBackend) -> Columns {
         payload: name("payload"),
         headers: None,
         created_at: name("created_at"),
+        extra: Vec::new(),
     }
 }
 

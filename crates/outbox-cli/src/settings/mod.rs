@@ -31,7 +31,8 @@ pub use field::{Field, Span};
 pub use load::Rejected;
 pub use shape::{
     AmqpSection, ColumnsSettings, DatabaseSettings, LogSettings, MetricsSettings,
-    OutboxColumnsSettings, OutboxSettings, RelaySettings, RouteSettings, Settings,
+    HeaderColumnSettings, OutboxColumnsSettings, OutboxSettings, RelaySettings, RouteSettings,
+    Settings,
     TelemetrySettings,
 };
 pub use validate::default_node_id;

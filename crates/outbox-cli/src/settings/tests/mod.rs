@@ -277,7 +277,7 @@ fn environment_overrides_the_file() {
     )
     .unwrap();
     assert_eq!(config.relay.batch_size, 250);
-    assert_eq!(config.amqp.router.exchange, "from.env");
+    assert_eq!(config.amqp.router.exchange.to_string(), "from.env");
 }
 
 #[test]

@@ -13,7 +13,7 @@ fn without_entries_there_is_one_outbox_named_after_the_table() {
     assert_eq!(outbox.table.as_str(), "room_outbox");
     assert_eq!(outbox.columns, outbox_store::Columns::default());
     assert_eq!(outbox.routing.key_header, "room_id");
-    assert_eq!(outbox.routing.router.exchange, "room.events");
+    assert_eq!(outbox.routing.router.exchange.to_string(), "room.events");
     assert_eq!(outbox.database_url, config.database.url);
     assert_eq!(outbox.publishers, config.relay.publishers);
     assert_eq!(config.relay.outbox, "room_outbox");
@@ -77,7 +77,7 @@ key = "aggregateid"
     assert_eq!(orders.name, "orders_outbox", "blank name: the table");
     assert_eq!(orders.database_url, "postgres://relay:topsecret@db/app");
     assert_eq!(orders.columns.payload.as_str(), "body");
-    assert_eq!(orders.routing.router.exchange, "top.events");
+    assert_eq!(orders.routing.router.exchange.to_string(), "top.events");
     assert_eq!(orders.routing.exchange_type, "topic");
     assert_eq!(orders.routing.key_header, "tenant");
     assert_eq!(orders.ordering, Ordering::None);
@@ -91,7 +91,7 @@ key = "aggregateid"
         "body",
         "absent key: [database.columns]"
     );
-    assert_eq!(rooms.routing.router.exchange, "rooms.events");
+    assert_eq!(rooms.routing.router.exchange.to_string(), "rooms.events");
     assert_eq!(rooms.routing.router.routes.len(), 1);
     assert_eq!(rooms.routing.exchange_type, "fanout");
     assert_eq!(rooms.routing.key_header, "room");
