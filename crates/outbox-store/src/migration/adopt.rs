@@ -30,6 +30,27 @@ pub(super) fn adopt(cx: &Context<'_>, shape: &TableShape) -> Result<Vec<String>,
             statements.push(add(column, ddl));
         }
     }
+    statements.extend(mapped_columns(cx, shape));
+    match dialect {
+        Dialect::Postgres | Dialect::Sqlite => statements.extend(indexes(cx)),
+        Dialect::MySql => {
+            for (name, columns) in mysql_indexes(cx) {
+                if !shape.indexes.contains(&name) {
+                    statements.push(format!("CREATE INDEX {name} ON {t} ({columns})"));
+                }
+            }
+        }
+    }
+    Ok(statements)
+}
+
+/// The mapped columns `migrate` adds when the table lacks them: headers, created_at and
+/// position (with its unique index). Also what a mapping changed after adoption needs
+/// ([`super::add_mapped_columns`]).
+pub(super) fn mapped_columns(cx: &Context<'_>, shape: &TableShape) -> Vec<String> {
+    let t = cx.table;
+    let add = |column: &str, ddl: &str| format!("ALTER TABLE {t} ADD COLUMN {column} {ddl}");
+    let mut statements = Vec::new();
     if let Some(headers) = &cx.columns.headers {
         if !shape.has(headers.as_str()) {
             statements.push(add(headers.as_str(), "TEXT NULL"));
@@ -41,7 +62,7 @@ pub(super) fn adopt(cx: &Context<'_>, shape: &TableShape) -> Result<Vec<String>,
     }
     let position = cx.columns.position.as_str();
     if !shape.has(position) && !cx.rowid_position() {
-        match dialect {
+        match cx.dialect {
             Dialect::Postgres => {
                 statements.push(add(position, "BIGSERIAL"));
                 statements.push(format!(
@@ -56,17 +77,14 @@ pub(super) fn adopt(cx: &Context<'_>, shape: &TableShape) -> Result<Vec<String>,
             Dialect::Sqlite => {}
         }
     }
-    match dialect {
-        Dialect::Postgres | Dialect::Sqlite => statements.extend(indexes(cx)),
-        Dialect::MySql => {
-            for (name, columns) in mysql_indexes(cx) {
-                if !shape.indexes.contains(&name) {
-                    statements.push(format!("CREATE INDEX {name} ON {t} ({columns})"));
-                }
-            }
-        }
-    }
-    Ok(statements)
+    statements
+}
+
+/// The mapped columns an adopted table lacks after its mapping changed, or the problems
+/// of the mapping that adding them cannot mend.
+pub(super) fn changed_mapping(cx: &Context<'_>, shape: &TableShape) -> Result<Vec<String>, Error> {
+    check(cx, shape)?;
+    Ok(mapped_columns(cx, shape))
 }
 
 /// The bookkeeping columns as `ADD COLUMN` writes them, in the order of the relay's table.

@@ -241,7 +241,31 @@ pub async fn plan(
             statements: (migration.statements)(&cx)?,
         });
     }
+    // A table adopted (or created) earlier whose mapping now names a column it lacks.
+    if steps.is_empty() {
+        if let Some(statements) = add_mapped_columns(&cx)? {
+            steps.push(PlannedStep {
+                name: ADD_MAPPED_COLUMNS,
+                statements,
+            });
+        }
+    }
     Ok(steps)
+}
+
+/// The name `migrate` reports for [`add_mapped_columns`]: not recorded, since it depends
+/// on the mapping of the day, not on the table's history.
+const ADD_MAPPED_COLUMNS: &str = "add_mapped_columns";
+
+/// On a table whose migrations have all run: the headers, created_at or position column
+/// the mapping names and the table lacks (a mapping changed after adoption), as
+/// `migrate` adds them on adoption; `None` when there is none to add.
+fn add_mapped_columns(cx: &Context<'_>) -> Result<Option<Vec<String>>, Error> {
+    let Some(shape) = cx.shape else {
+        return Ok(None);
+    };
+    let statements = adopt::changed_mapping(cx, shape)?;
+    Ok((!statements.is_empty()).then_some(statements))
 }
 
 /// The mapping on its own ([`Columns::validate`]), as an [`Error`].
@@ -288,7 +312,34 @@ pub async fn migrate_columns(
             Err(error) => return Err(error),
         }
     }
+    let txn = lock(db, table).await?;
+    let added = add_mapped(&txn, table, columns).await;
+    if unlock(txn, table, added).await? {
+        applied.push(ADD_MAPPED_COLUMNS);
+    }
     Ok(applied)
+}
+
+/// Adds the mapped columns the table lacks ([`add_mapped_columns`]); `true` if it added any.
+async fn add_mapped(
+    txn: &DatabaseTransaction,
+    table: &TableName,
+    columns: &Columns,
+) -> Result<bool, Error> {
+    let shape = TableShape::read(txn, table.as_str()).await?;
+    let cx = Context {
+        dialect: Dialect::of(txn),
+        table,
+        columns,
+        shape: shape.as_ref(),
+    };
+    let Some(statements) = add_mapped_columns(&cx)? else {
+        return Ok(false);
+    };
+    for statement in statements {
+        txn.execute_unprepared(&statement).await?;
+    }
+    Ok(true)
 }
 
 /// How long a runner waits for another one's migration step (MySQL's `GET_LOCK`; on

@@ -140,7 +140,7 @@ table = "orders_outbox"
 [[outboxes]]
 name = "Bad Name"
 table = "x"
-routing_key = "{nope}"
+routing_key = "{no pe}"
 "#,
         &[],
     )
@@ -321,4 +321,75 @@ fn an_environment_variable_naming_no_outbox_is_rejected() {
         error.contains("OUTBOX_RELAY__OUTBOXES__ORDERS__TABLE"),
         "{error}"
     );
+}
+
+#[test]
+fn header_columns_and_column_placeholders_become_the_columns_a_claim_reads() {
+    let config = load(
+        r#"
+[[outboxes]]
+name = "orders"
+table = "outbox"
+exchange = "outbox.{aggregatetype}"
+routing_key = "outbox.event.{aggregatetype}"
+content_type = "application/avro"
+content_type_column = "ctype"
+[outboxes.header_columns]
+tenant = "tenant_id"
+attempt = { column = "attempt", type = "integer" }
+[[outboxes.routes]]
+column = "region"
+pattern = "eu.#"
+exchange = "eu.events"
+"#,
+        &[],
+    )
+    .unwrap();
+    let orders = &config.outboxes[0];
+    let reads: Vec<(&str, outbox_core::ValueKind)> = orders
+        .columns
+        .extra
+        .iter()
+        .map(|read| (read.column.as_str(), read.kind))
+        .collect();
+    use outbox_core::ValueKind::{Integer, Text};
+    assert_eq!(
+        reads,
+        [
+            ("aggregatetype", Text),
+            ("region", Text),
+            ("attempt", Integer),
+            ("tenant_id", Text),
+            ("ctype", Text)
+        ]
+    );
+    assert_eq!(orders.routing.extra.reads().len(), 5);
+    assert_eq!(
+        orders.routing.content_type.as_deref(),
+        Some("application/avro")
+    );
+}
+
+#[test]
+fn header_columns_that_shadow_the_relays_headers_or_have_no_type_are_refused() {
+    let error = load(
+        r#"
+[amqp.header_columns]
+outbox_id = "id"
+room_id = "room"
+flag = { column = "flag", type = "bool" }
+t = { column = "Bad Column" }
+"#,
+        &[],
+    )
+    .unwrap_err();
+    for expected in [
+        "amqp.header_columns.outbox_id",
+        "amqp.header_columns.room_id",
+        "amqp.header_columns.flag.type",
+        "\"bool\" is not a type; accepted: text, integer, boolean, uuid, timestamp",
+        "amqp.header_columns.t",
+    ] {
+        assert!(error.contains(expected), "missing {expected:?} in:\n{error}");
+    }
 }
