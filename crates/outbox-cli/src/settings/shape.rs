@@ -292,7 +292,7 @@ pub const DEFAULT_MAX_INFLIGHT_BYTES: i64 = 64 * 1024 * 1024;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RelaySettings {
-    /// The `worker` field of every log line.
+    /// The `worker` field of every log line; blank (the default): the outbox's name.
     pub name: String,
     /// Empty: `hostname-pid`.
     pub node_id: String,
@@ -416,7 +416,7 @@ impl Default for ColumnsSettings {
 impl Default for RelaySettings {
     fn default() -> Self {
         Self {
-            name: "room_outbox".into(),
+            name: String::new(),
             node_id: String::new(),
             publishers: 4,
             poll_interval: "1s".into(),

@@ -393,3 +393,19 @@ t = { column = "Bad Column" }
         assert!(error.contains(expected), "missing {expected:?} in:\n{error}");
     }
 }
+
+#[test]
+fn the_worker_field_names_each_outbox_unless_relay_name_is_set() {
+    let two = "[[outboxes]]\nname = \"orders\"\ntable = \"orders_outbox\"\n\
+               [[outboxes]]\nname = \"rooms\"\ntable = \"room_outbox\"";
+    let config = load(two, &[]).unwrap();
+    let workers: Vec<String> = config
+        .outboxes
+        .iter()
+        .map(|outbox| outbox.relay_options(&config.relay).name)
+        .collect();
+    assert_eq!(workers, ["orders", "rooms"]);
+    assert_eq!(config.relay.name, "orders", "the first outbox's");
+    let named = load(&format!("[relay]\nname = \"legacy\"\n{two}"), &[]).unwrap();
+    assert_eq!(named.outboxes[1].relay_options(&named.relay).name, "legacy");
+}
