@@ -11,7 +11,6 @@ use crate::dialect::Dialect;
 use crate::error::Error;
 use crate::reads::Reads;
 use crate::shape::{Kind, TableShape};
-use crate::sql::Index;
 
 /// SQLite adds no column with a non-constant default (`now`): a time before any row, so
 /// an added `available_at` makes every row available at once, as `now` would.
@@ -32,11 +31,18 @@ pub(super) fn adopt(cx: &Context<'_>, shape: &TableShape) -> Result<Vec<String>,
     }
     statements.extend(mapped_columns(cx, shape));
     match dialect {
-        Dialect::Postgres | Dialect::Sqlite => statements.extend(indexes(cx)),
+        // Built CONCURRENTLY once the rows are numbered, outside any transaction
+        // (`online.rs`): a plain CREATE INDEX would block inserts while it reads the table.
+        Dialect::Postgres => {}
+        Dialect::Sqlite => statements.extend(indexes(cx)),
+        // InnoDB builds a secondary index in place while writes go on; a server that
+        // cannot refuses the statement rather than locking the table.
         Dialect::MySql => {
             for (name, columns) in mysql_indexes(cx) {
                 if !shape.indexes.contains(&name) {
-                    statements.push(format!("CREATE INDEX {name} ON {t} ({columns})"));
+                    statements.push(format!(
+                        "CREATE INDEX {name} ON {t} ({columns}) ALGORITHM=INPLACE LOCK=NONE"
+                    ));
                 }
             }
         }
@@ -63,13 +69,9 @@ pub(super) fn mapped_columns(cx: &Context<'_>, shape: &TableShape) -> Vec<String
     let position = cx.columns.position.as_str();
     if !shape.has(position) && !cx.rowid_position() {
         match cx.dialect {
-            Dialect::Postgres => {
-                statements.push(add(position, "BIGSERIAL"));
-                statements.push(format!(
-                    "CREATE UNIQUE INDEX IF NOT EXISTS {} ON {t} ({position})",
-                    t.index(Index::Position)
-                ));
-            }
+            // No rewrite: a nullable column and a sequence default; the existing rows are
+            // numbered and the unique index built afterwards (`online.rs`).
+            Dialect::Postgres => statements.extend(super::online::add_position(cx, position)),
             Dialect::MySql => {
                 statements.push(add(position, "BIGINT NOT NULL AUTO_INCREMENT UNIQUE"));
             }
