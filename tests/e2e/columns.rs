@@ -133,7 +133,11 @@ async fn relays_a_debezium_table_in_place(backend: Backend) {
         .expect("the table is adopted");
     // PostgreSQL: the five migrations and the online finish (rows numbered, indexes built
     // concurrently).
-    let expected = if fixture.backend() == DbBackend::Postgres { 6 } else { 5 };
+    let expected = if fixture.backend() == DbBackend::Postgres {
+        6
+    } else {
+        5
+    };
     assert_eq!(applied.len(), expected, "{applied:?}");
     // After: ids in no particular order; SQLite also gets a payload that is no UTF-8.
     let mut after = vec![
@@ -258,7 +262,11 @@ async fn adopts_the_original_workers_table(backend: Backend) {
             .expect("the table is adopted");
     // PostgreSQL: the five migrations and the online finish (rows numbered, indexes built
     // concurrently).
-    let expected = if fixture.backend() == DbBackend::Postgres { 6 } else { 5 };
+    let expected = if fixture.backend() == DbBackend::Postgres {
+        6
+    } else {
+        5
+    };
     assert_eq!(applied.len(), expected, "{applied:?}");
     let store = checked_store(&fixture, Columns::default()).await;
     let stats = store.stats().await.unwrap();
@@ -302,7 +310,11 @@ async fn plan_lists_the_changes_and_makes_none(backend: Backend) {
         .await
         .expect("a plan");
     let names: Vec<&str> = steps.iter().map(|step| step.name).collect();
-    let expected = if fixture.backend() == DbBackend::Postgres { 6 } else { 5 };
+    let expected = if fixture.backend() == DbBackend::Postgres {
+        6
+    } else {
+        5
+    };
     assert_eq!(names.len(), expected, "{names:?}");
     let adopt = steps[0].statements.join("\n");
     let t = &fixture.table;

@@ -64,8 +64,8 @@ fn row(n: u8, aggregate: &'static str, key: &'static str, kind: &'static str) ->
         key,
         kind,
         attempt: i64::from(n) * 10,
-        urgent: n % 2 == 0,
-        ctype: (n % 3 == 0).then_some("application/vnd.order+json"),
+        urgent: n.is_multiple_of(2),
+        ctype: n.is_multiple_of(3).then_some("application/vnd.order+json"),
     }
 }
 
@@ -131,7 +131,10 @@ fn debezium_settings(backend: Backend, fixture: &Fixture, broker: &TestBroker) -
         settings.amqp.content_type = "application/json".into();
         settings.amqp.content_type_column = "ctype".into();
         settings.amqp.header_columns = [
-            ("tenant".to_owned(), HeaderColumnSettings::Column("tenant_id".into())),
+            (
+                "tenant".to_owned(),
+                HeaderColumnSettings::Column("tenant_id".into()),
+            ),
             ("attempt".to_owned(), typed("attempt", "integer")),
             ("urgent".to_owned(), typed("urgent", "boolean")),
             ("occurred".to_owned(), typed("occurred_at", "timestamp")),
@@ -161,9 +164,7 @@ async fn wait_for_ids(broker: &TestBroker, ids: &[String]) -> Vec<Received> {
     broker.received()
 }
 
-async fn routes_by_aggregatetype_with_typed_header_columns_and_a_changed_mapping(
-    backend: Backend,
-) {
+async fn routes_by_aggregatetype_with_typed_header_columns_and_a_changed_mapping(backend: Backend) {
     let fixture = Fixture::new(backend, "dbz").await;
     let broker = TestBroker::new("outbox.event.#").await;
     create_table(&fixture).await;

@@ -80,7 +80,10 @@ pub fn outbox_properties(
         }
     }
     // The relay's own headers win over a row's headers of the same name.
-    headers.insert(labels.key_header.into(), long_string(record.room_id.clone()));
+    headers.insert(
+        labels.key_header.into(),
+        long_string(record.room_id.clone()),
+    );
     headers.insert("outbox_id".into(), AMQPValue::LongLongInt(record.id));
     headers.insert("retry_count".into(), AMQPValue::LongInt(record.retry_count));
     headers.insert("node_id".into(), long_string(settings.node_id.clone()));
@@ -431,6 +434,9 @@ mod tests {
         );
         record.columns[5] = None;
         let props = outbox_properties(&record, &settings(), &labels).unwrap();
-        assert_eq!(props.content_type().as_ref().unwrap().as_str(), "text/plain");
+        assert_eq!(
+            props.content_type().as_ref().unwrap().as_str(),
+            "text/plain"
+        );
     }
 }

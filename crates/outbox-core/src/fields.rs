@@ -194,7 +194,10 @@ mod tests {
     #[test]
     fn a_column_asked_for_twice_as_the_same_kind_is_read_once() {
         let mut extra = ExtraColumns::default();
-        assert_eq!(extra.read("aggregatetype", ValueKind::Text, "amqp.routing_key"), 0);
+        assert_eq!(
+            extra.read("aggregatetype", ValueKind::Text, "amqp.routing_key"),
+            0
+        );
         extra.add_header("aggregate", "aggregatetype", ValueKind::Text);
         extra.add_header("attempt", "attempt", ValueKind::Integer);
         extra.set_content_type_column("ctype");

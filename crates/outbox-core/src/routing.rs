@@ -132,10 +132,11 @@ impl RoutingKeyTemplate {
                 template: template.to_owned(),
             })?;
             let name = &after[..close];
-            let field = RouteField::named(name).ok_or_else(|| RoutingError::UnknownPlaceholder {
-                template: template.to_owned(),
-                placeholder: format!("{{{name}}}"),
-            })?;
+            let field =
+                RouteField::named(name).ok_or_else(|| RoutingError::UnknownPlaceholder {
+                    template: template.to_owned(),
+                    placeholder: format!("{{{name}}}"),
+                })?;
             pieces.push(Piece::Field(field));
             rest = &after[close + 1..];
         }
@@ -254,7 +255,10 @@ impl Router {
         let template = route
             .and_then(|route| route.routing_key.as_ref())
             .unwrap_or(&self.routing_key);
-        Ok((exchange.render_fields(fields)?, template.render_fields(fields)?))
+        Ok((
+            exchange.render_fields(fields)?,
+            template.render_fields(fields)?,
+        ))
     }
 
     /// Every column its templates and routes read (each once, in order).

@@ -349,7 +349,9 @@ fn extra_read(dialect: Dialect, read: &ColumnRead, found: Kind) -> (String, Deco
     match read.kind {
         ValueKind::Text | ValueKind::Uuid => (text(), Decode::Text),
         ValueKind::Integer => match (dialect, found) {
-            (Dialect::Postgres, Kind::Integer { big: true, .. }) => (name.to_owned(), Decode::Integer),
+            (Dialect::Postgres, Kind::Integer { big: true, .. }) => {
+                (name.to_owned(), Decode::Integer)
+            }
             (Dialect::Postgres, _) => (format!("{name}::bigint"), Decode::Integer),
             (Dialect::MySql, _) => (format!("CAST({name} AS SIGNED)"), Decode::Integer),
             (Dialect::Sqlite, _) => (name.to_owned(), Decode::Integer),
@@ -357,7 +359,10 @@ fn extra_read(dialect: Dialect, read: &ColumnRead, found: Kind) -> (String, Deco
         ValueKind::Boolean => match (dialect, found) {
             (Dialect::Postgres, Kind::Boolean) => (name.to_owned(), Decode::Boolean),
             (Dialect::Postgres, _) => (format!("({name} <> 0)"), Decode::Boolean),
-            (Dialect::MySql, _) => (format!("CAST(({name} <> 0) AS SIGNED)"), Decode::BooleanInteger),
+            (Dialect::MySql, _) => (
+                format!("CAST(({name} <> 0) AS SIGNED)"),
+                Decode::BooleanInteger,
+            ),
             (Dialect::Sqlite, _) => (format!("({name} <> 0)"), Decode::BooleanInteger),
         },
         ValueKind::Timestamp => match (dialect, found) {

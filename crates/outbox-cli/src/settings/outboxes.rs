@@ -282,9 +282,9 @@ impl AmqpSection {
             ),
             text => Some(text.to_owned()),
         };
-        let (exchange_type, router, key_header) = (exchange_type?, router?, key_header?);
+        exchange_type?;
+        let (router, key_header) = (router?, key_header?);
         let extra = self.extra_columns(&router, &key_header, check)?;
-        let _ = exchange_type;
         Some(Routing {
             router,
             exchange_type: self.exchange_type.clone(),
@@ -305,7 +305,11 @@ impl AmqpSection {
         let mut extra = ExtraColumns::default();
         let mut valid = true;
         for column in router.columns() {
-            extra.read(column, ValueKind::Text, "routing (a {column} placeholder or a route's column)");
+            extra.read(
+                column,
+                ValueKind::Text,
+                "routing (a {column} placeholder or a route's column)",
+            );
         }
         for (header, entry) in &self.header_columns {
             let key = format!("header_columns.{header}");
@@ -341,7 +345,7 @@ impl AmqpSection {
                     Ok(kind) => kind,
                     Err(why) => {
                         valid = false;
-                check.reject::<()>(&format!("{key}.type"), kind, why);
+                        check.reject::<()>(&format!("{key}.type"), kind, why);
                         continue;
                     }
                 },
@@ -354,7 +358,7 @@ impl AmqpSection {
                 Ok(_) => extra.set_content_type_column(column),
                 Err(error) => {
                     valid = false;
-                check.reject::<()>("content_type_column", column, error.to_string());
+                    check.reject::<()>("content_type_column", column, error.to_string());
                 }
             },
         }

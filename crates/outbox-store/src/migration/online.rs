@@ -153,7 +153,9 @@ async fn backfill(db: &DatabaseConnection, cx: &Context<'_>) -> Result<(), Error
     let row = db
         .query_one(sea_orm::Statement::from_string(
             sea_orm::DbBackend::Postgres,
-            format!("SELECT pg_relation_size('{t}') / current_setting('block_size')::bigint AS pages"),
+            format!(
+                "SELECT pg_relation_size('{t}') / current_setting('block_size')::bigint AS pages"
+            ),
         ))
         .await?
         .ok_or_else(|| DbErr::Custom("no answer to the page count".into()))?;

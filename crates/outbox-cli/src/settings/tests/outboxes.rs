@@ -390,7 +390,10 @@ t = { column = "Bad Column" }
         "\"bool\" is not a type; accepted: text, integer, boolean, uuid, timestamp",
         "amqp.header_columns.t",
     ] {
-        assert!(error.contains(expected), "missing {expected:?} in:\n{error}");
+        assert!(
+            error.contains(expected),
+            "missing {expected:?} in:\n{error}"
+        );
     }
 }
 
