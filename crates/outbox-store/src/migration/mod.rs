@@ -361,24 +361,67 @@ pub async fn migrate_columns(
     }
     if Dialect::of(db) == Dialect::Postgres
         && (added || !is_recorded(db, table, online::FINISH).await?)
+        && finish_once(db, table, columns, added).await?
     {
-        let txn = lock(db, table).await?;
-        let finished = finish(db, &txn, table, columns).await;
-        unlock(txn, table, finished).await?;
         applied.push(online::FINISH);
     }
     Ok(applied)
 }
 
+/// Runs [`finish`] in one runner at a time: under an advisory lock of its own, taken with
+/// `pg_try_advisory_xact_lock` in a transaction that then stays idle. A runner waiting in
+/// `pg_advisory_xact_lock` would hold a snapshot, which `CREATE INDEX CONCURRENTLY` waits
+/// for (while the runner waits for the lock holder, which waits for the index): the
+/// others poll instead. `true` when this runner recorded the step.
+async fn finish_once(
+    db: &DatabaseConnection,
+    table: &TableName,
+    columns: &Columns,
+    again: bool,
+) -> Result<bool, Error> {
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_secs(u64::from(MIGRATION_LOCK_WAIT_SECS) * 10);
+    loop {
+        let txn = db.begin().await?;
+        let mut params = Params::new(Dialect::Postgres);
+        let name = params.bind(format!("{table}_finish"));
+        let got = txn
+            .query_one(params.statement(format!(
+                "SELECT pg_try_advisory_xact_lock(hashtext({name})) AS got"
+            )))
+            .await?
+            .map(|row| row.try_get::<bool>("", "got"))
+            .transpose()?
+            .unwrap_or(false);
+        if !got {
+            txn.rollback().await?;
+            if std::time::Instant::now() > deadline {
+                return Err(Error::MigrationLockTimeout {
+                    table: table.clone(),
+                    seconds: MIGRATION_LOCK_WAIT_SECS * 10,
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        }
+        if !again && is_recorded(&txn, table, online::FINISH).await? {
+            txn.commit().await?;
+            return Ok(false);
+        }
+        let recorded = finish(db, &txn, table, columns).await;
+        return unlock(txn, table, recorded).await;
+    }
+}
+
 /// PostgreSQL: numbers an adopted table's existing rows and builds its indexes
-/// concurrently (`online.rs`), on connections of the pool while `txn` holds the
-/// migration lock; then records [`online::FINISH`].
+/// concurrently (`online.rs`), on connections of the pool while `txn` holds the finish
+/// lock; then records [`online::FINISH`] (`true` when this call recorded it).
 async fn finish(
     db: &DatabaseConnection,
     txn: &DatabaseTransaction,
     table: &TableName,
     columns: &Columns,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let shape = TableShape::read(db, table.as_str()).await?;
     let cx = Context {
         dialect: Dialect::Postgres,
@@ -387,15 +430,16 @@ async fn finish(
         shape: shape.as_ref(),
     };
     online::finish(db, &cx).await?;
-    if !is_recorded(txn, table, online::FINISH).await? {
-        let mut params = Params::new(Dialect::Postgres);
-        let name = params.bind(online::FINISH);
-        txn.execute(params.statement(format!(
-            "INSERT INTO {table}_migrations (name) VALUES ({name})"
-        )))
-        .await?;
+    if is_recorded(txn, table, online::FINISH).await? {
+        return Ok(false);
     }
-    Ok(())
+    let mut params = Params::new(Dialect::Postgres);
+    let name = params.bind(online::FINISH);
+    txn.execute(params.statement(format!(
+        "INSERT INTO {table}_migrations (name) VALUES ({name})"
+    )))
+    .await?;
+    Ok(true)
 }
 
 /// Adds the mapped columns the table lacks ([`add_mapped_columns`]); `true` if it added any.
