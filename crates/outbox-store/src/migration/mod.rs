@@ -294,7 +294,11 @@ fn add_mapped_columns(cx: &Context<'_>) -> Result<Option<Vec<String>>, Error> {
     let Some(shape) = cx.shape else {
         return Ok(None);
     };
-    let statements = adopt::changed_mapping(cx, shape)?;
+    // A mapping `migrate` cannot mend adds nothing here: checking the columns reports it
+    // (exit 2), as before, without a migration being attempted.
+    let Ok(statements) = adopt::changed_mapping(cx, shape) else {
+        return Ok(None);
+    };
     Ok((!statements.is_empty()).then_some(statements))
 }
 
