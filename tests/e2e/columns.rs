@@ -75,6 +75,7 @@ fn debezium_columns(backend: DbBackend) -> Columns {
         payload: name("payload"),
         headers: None,
         created_at: name("created_at"),
+        extra: Vec::new(),
     }
 }
 
@@ -130,7 +131,14 @@ async fn relays_a_debezium_table_in_place(backend: Backend) {
     let applied = outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &columns)
         .await
         .expect("the table is adopted");
-    assert_eq!(applied.len(), 7, "{applied:?}");
+    // PostgreSQL: the seven migrations and the online finish (rows numbered, indexes
+    // built concurrently); elsewhere the seven (the two of issue 28 do nothing there).
+    let expected = if fixture.backend() == DbBackend::Postgres {
+        8
+    } else {
+        7
+    };
+    assert_eq!(applied.len(), expected, "{applied:?}");
     // After: ids in no particular order; SQLite also gets a payload that is no UTF-8.
     let mut after = vec![
         (uuid(4, 'f'), "a", json(r#"{"n":4}"#)),
@@ -252,7 +260,14 @@ async fn adopts_the_original_workers_table(backend: Backend) {
         outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &Columns::default())
             .await
             .expect("the table is adopted");
-    assert_eq!(applied.len(), 7, "{applied:?}");
+    // PostgreSQL: the seven migrations and the online finish (rows numbered, indexes
+    // built concurrently); elsewhere the seven (the two of issue 28 do nothing there).
+    let expected = if fixture.backend() == DbBackend::Postgres {
+        8
+    } else {
+        7
+    };
+    assert_eq!(applied.len(), expected, "{applied:?}");
     let store = checked_store(&fixture, Columns::default()).await;
     let stats = store.stats().await.unwrap();
     assert_eq!(
@@ -295,7 +310,12 @@ async fn plan_lists_the_changes_and_makes_none(backend: Backend) {
         .await
         .expect("a plan");
     let names: Vec<&str> = steps.iter().map(|step| step.name).collect();
-    assert_eq!(names.len(), 7, "{names:?}");
+    let expected = if fixture.backend() == DbBackend::Postgres {
+        8
+    } else {
+        7
+    };
+    assert_eq!(names.len(), expected, "{names:?}");
     let adopt = steps[0].statements.join("\n");
     let t = &fixture.table;
     for column in [

@@ -13,6 +13,7 @@ fn listed(json_lines: &str) -> Vec<String> {
         .lines()
         .map(|line| {
             let value: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+            assert_eq!(value["key"], value["room_id"], "key beside room_id: {line}");
             value["event_id"].as_str().expect("an event_id").to_owned()
         })
         .collect()
@@ -65,6 +66,11 @@ async fn dead_events_are_selected_by_pattern_room_and_age(backend: Backend) {
     assert_eq!(
         list(&["--room", "a", "--event-type", "*.created"]),
         ["o1", "x1"]
+    );
+    assert_eq!(
+        list(&["--key", "a", "--event-type", "*.created"]),
+        ["o1", "x1"],
+        "--key: the neutral name of --room"
     );
     assert_eq!(list(&["--older-than", "1h"]), ["x1"]);
     assert_eq!(list(&["--limit", "0"]), ["o1", "o2", "o3", "x1"]);
@@ -124,7 +130,7 @@ async fn dead_events_are_selected_by_pattern_room_and_age(backend: Backend) {
     for choice in [
         "--event-id",
         "--event-type",
-        "--room",
+        "--key",
         "--older-than",
         "--all",
     ] {

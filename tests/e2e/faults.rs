@@ -155,6 +155,7 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
                 event_type: "ghost.*".into(),
                 exchange: missing.clone(),
                 routing_key: None,
+                ..Default::default()
             }];
             settings.relay.publishers = 1;
             settings.relay.retry_interval = "100ms".into();

@@ -24,6 +24,9 @@ mod conveniences;
 /// `dead list` and `dead requeue`: topic patterns, filters that combine, `--dry-run`,
 /// unknown event ids named, `--limit 0`, the header row.
 mod dead;
+/// A Debezium-shaped outbox: routing by `aggregatetype`, typed header columns, a per-row
+/// content type, a mapping changed after adoption, unknown columns refused (exit 2).
+mod debezium;
 /// Every event once, byte for byte, with the contract's properties, in room order.
 mod delivery;
 /// Failovers on servers the tests own: a PostgreSQL standby behind the moving address, a

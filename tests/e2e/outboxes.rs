@@ -368,6 +368,7 @@ async fn one_process_relays_two_outboxes_and_a_stuck_one_holds_back_only_itself(
                     event_type: "doomed.created".into(),
                     exchange: missing_exchange.clone(),
                     routing_key: None,
+                    ..Default::default()
                 }]),
                 ..OutboxSettings::default()
             },

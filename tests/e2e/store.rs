@@ -714,7 +714,7 @@ async fn pages(database: &TestDatabase) -> Vec<(i64, i64)> {
 #[actix_rt::test]
 async fn postgres_leases_stay_on_their_pages_and_marks_skip_a_room_index() {
     let database = TestDatabase::new(Backend::Postgres).await;
-    // And no index of every row by room, which cost each mark an entry (migration 7).
+    // And no index of every row by room, which cost each mark an entry (`m20261204_000008_drop_room_outbox_room_index`).
     let sql = format!(
         "SELECT indexname::text AS name FROM pg_indexes WHERE tablename = '{}' ORDER BY 1",
         database.table

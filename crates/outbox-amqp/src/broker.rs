@@ -76,6 +76,9 @@ pub struct AmqpSettings {
     pub router: Router,
     /// `amqp.key_header`: the header carrying the record's ordering key.
     pub key_header: String,
+    /// The columns `router`, `amqp.header_columns` and `amqp.content_type_column` read
+    /// beyond the mapping (the one-outbox case).
+    pub extra: outbox_core::ExtraColumns,
     /// The routing of every outbox of the process, whose exchanges [`Broker::connect`]
     /// declares (each with its outbox's type). Empty: only the one of `router`,
     /// `exchange_type` and `key_header` ([`AmqpSettings::routing`]).
@@ -95,6 +98,10 @@ pub struct Routing {
     pub exchange_type: String,
     /// The header carrying the record's ordering key.
     pub key_header: String,
+    /// The outbox's `content_type` (`None`: `amqp.content_type`, the process's).
+    pub content_type: Option<String>,
+    /// The columns its routing, header columns and content type read beyond the mapping.
+    pub extra: outbox_core::ExtraColumns,
 }
 
 impl AmqpSettings {
@@ -111,6 +118,8 @@ impl AmqpSettings {
             router: self.router.clone(),
             exchange_type: self.exchange_type.clone(),
             key_header: self.key_header.clone(),
+            content_type: None,
+            extra: self.extra.clone(),
         }
     }
 
@@ -134,6 +143,7 @@ impl std::fmt::Debug for AmqpSettings {
             .field("declare_exchange", &self.declare_exchange)
             .field("router", &self.router)
             .field("key_header", &self.key_header)
+            .field("extra", &self.extra)
             .field("topology", &self.topology)
             .field("message", &self.message)
             .field("publish_timeout", &self.publish_timeout)
@@ -531,12 +541,17 @@ fn refuses(error: &AmqpError) -> bool {
     }
 }
 
-/// Every exchange the routes name, the default first, each once.
+/// Every fixed exchange the routes name, the default first, each once. An exchange made
+/// from a column (`"outbox.{aggregatetype}"`) is known only per event: it is checked when
+/// first used, not declared.
 pub fn exchanges(router: &Router) -> Vec<&str> {
-    let mut exchanges: Vec<&str> = vec![router.exchange.as_str()];
-    for route in &router.routes {
-        if !exchanges.contains(&route.exchange.as_str()) {
-            exchanges.push(route.exchange.as_str());
+    let mut exchanges: Vec<&str> = Vec::new();
+    let fixed = std::iter::once(&router.exchange)
+        .chain(router.routes.iter().map(|route| &route.exchange))
+        .filter_map(|template| template.fixed());
+    for exchange in fixed {
+        if !exchanges.contains(&exchange) {
+            exchanges.push(exchange);
         }
     }
     exchanges

@@ -3,7 +3,7 @@
 use crate::APP_ID;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
-use outbox_core::{OutboxRecord, PublishError};
+use outbox_core::{ColumnValue, ExtraColumns, OutboxRecord, PublishError};
 
 /// RabbitMQ's default `max_message_size` (128 MiB): larger bodies are refused by the broker.
 pub const MAX_BODY_BYTES: usize = 128 * 1024 * 1024;
@@ -30,32 +30,89 @@ pub fn check_body(length: usize, limit: usize) -> Result<(), PublishError> {
     Ok(())
 }
 
-/// Properties and headers of `record`; header `key_header` carries its ordering key (the
-/// record's `room_id`, whichever column it was read from). The `headers` column's JSON
-/// object becomes typed AMQP headers ([`header_table`]); one AMQP cannot carry can never be
-/// published: it is a permanent failure.
+/// Properties and headers of `record` for an outbox with no extra columns and the
+/// process's `content_type` ([`outbox_properties`]).
 pub fn properties(
     record: &OutboxRecord,
     settings: &MessageSettings,
     key_header: &str,
 ) -> Result<BasicProperties, PublishError> {
+    outbox_properties(
+        record,
+        settings,
+        &OutboxLabels {
+            key_header,
+            content_type: None,
+            extra: &ExtraColumns::default(),
+        },
+    )
+}
+
+/// What one outbox adds to every message: its key header, content type and header columns.
+#[derive(Debug, Clone, Copy)]
+pub struct OutboxLabels<'a> {
+    /// The header carrying the record's ordering key.
+    pub key_header: &'a str,
+    /// The outbox's `content_type`; `None`: the process's ([`MessageSettings`]).
+    pub content_type: Option<&'a str>,
+    /// Its extra columns: header columns and a per-row content type.
+    pub extra: &'a ExtraColumns,
+}
+
+/// Properties and headers of `record`; header `key_header` carries its ordering key (the
+/// record's `room_id`, whichever column it was read from). The `headers` column's JSON
+/// object becomes typed AMQP headers ([`header_table`]); one AMQP cannot carry can never be
+/// published: it is a permanent failure. Header columns (typed by their setting) win over the JSON's entries of the same name; the relay's own headers win
+/// over both; a NULL column adds none. `content_type`: the row's column when it has one, else the outbox's, else
+/// the process's.
+pub fn outbox_properties(
+    record: &OutboxRecord,
+    settings: &MessageSettings,
+    labels: &OutboxLabels<'_>,
+) -> Result<BasicProperties, PublishError> {
     let mut headers = match record.headers.as_deref().filter(|h| !h.trim().is_empty()) {
         Some(extra) => header_table(extra)?,
         None => FieldTable::default(),
     };
+    for column in labels.extra.headers() {
+        if let Some(value) = labels.extra.value(record, column.read) {
+            headers.insert(column.header.as_str().into(), column_value(value));
+        }
+    }
     // The relay's own headers win over a row's headers of the same name.
-    headers.insert(key_header.into(), long_string(record.room_id.clone()));
+    headers.insert(
+        labels.key_header.into(),
+        long_string(record.room_id.clone()),
+    );
     headers.insert("outbox_id".into(), AMQPValue::LongLongInt(record.id));
     headers.insert("retry_count".into(), AMQPValue::LongInt(record.retry_count));
     headers.insert("node_id".into(), long_string(settings.node_id.clone()));
+    let content_type = labels
+        .extra
+        .content_type(record)
+        .or(labels.content_type)
+        .unwrap_or(&settings.content_type);
     Ok(BasicProperties::default()
         .with_message_id(short(&record.event_id, "event_id")?)
         .with_type(short(&record.event_type, "event_type")?)
-        .with_content_type(ShortString::from(settings.content_type.as_str()))
+        .with_content_type(short(content_type, "content_type")?)
         .with_delivery_mode(2)
         .with_timestamp(u64::try_from(record.created_at.timestamp()).unwrap_or(0))
         .with_app_id(APP_ID.into())
         .with_headers(headers))
+}
+
+/// A header column's value as AMQP types it: text and UUIDs a long string, integers a
+/// long-long-int, booleans a boolean, times a timestamp (whole seconds, UTC).
+fn column_value(value: &ColumnValue) -> AMQPValue {
+    match value {
+        ColumnValue::Text(text) => long_string(text.clone()),
+        ColumnValue::Integer(integer) => AMQPValue::LongLongInt(*integer),
+        ColumnValue::Boolean(flag) => AMQPValue::Boolean(*flag),
+        ColumnValue::Timestamp(time) => {
+            AMQPValue::Timestamp(u64::try_from(time.timestamp()).unwrap_or(0))
+        }
+    }
 }
 
 fn long_string(value: String) -> AMQPValue {
@@ -191,6 +248,7 @@ mod tests {
             headers: headers.map(str::to_owned),
             retry_count: 2,
             created_at: chrono::Utc.timestamp_opt(1_700_000_000, 0).unwrap(),
+            columns: Vec::new(),
         }
     }
 
@@ -328,5 +386,57 @@ mod tests {
         }
         let just_deep_enough = format!("{{\"d\":{}1{}}}", "[".repeat(15), "]".repeat(15));
         assert!(properties(&record(Some(&just_deep_enough)), &settings(), "room_id").is_ok());
+    }
+
+    #[test]
+    fn header_columns_are_typed_and_a_row_may_name_its_content_type() {
+        use outbox_core::ValueKind;
+        let mut extra = ExtraColumns::default();
+        extra.add_header("tenant", "tenant_id", ValueKind::Text);
+        extra.add_header("attempt", "attempt", ValueKind::Integer);
+        extra.add_header("urgent", "urgent", ValueKind::Boolean);
+        extra.add_header("occurred", "occurred_at", ValueKind::Timestamp);
+        extra.add_header("gone", "missing", ValueKind::Text);
+        extra.set_content_type_column("ctype");
+        let mut record = record(Some(r#"{"tenant":"from-json","gone":"json"}"#));
+        record.columns = vec![
+            Some(ColumnValue::Text("acme".into())),
+            Some(ColumnValue::Integer(3)),
+            Some(ColumnValue::Boolean(true)),
+            Some(ColumnValue::Timestamp(
+                chrono::Utc.timestamp_opt(1_700_000_001, 0).unwrap(),
+            )),
+            None,
+            Some(ColumnValue::Text("application/avro".into())),
+        ];
+        let labels = OutboxLabels {
+            key_header: "aggregate_id",
+            content_type: Some("text/plain"),
+            extra: &extra,
+        };
+        let props = outbox_properties(&record, &settings(), &labels).unwrap();
+        let headers = props.headers().as_ref().unwrap().inner();
+        assert_eq!(headers.get("tenant"), Some(&long_string("acme".into())));
+        assert_eq!(headers.get("attempt"), Some(&AMQPValue::LongLongInt(3)));
+        assert_eq!(headers.get("urgent"), Some(&AMQPValue::Boolean(true)));
+        assert_eq!(
+            headers.get("occurred"),
+            Some(&AMQPValue::Timestamp(1_700_000_001))
+        );
+        assert_eq!(
+            headers.get("gone"),
+            Some(&long_string("json".into())),
+            "a NULL column adds no header"
+        );
+        assert_eq!(
+            props.content_type().as_ref().unwrap().as_str(),
+            "application/avro"
+        );
+        record.columns[5] = None;
+        let props = outbox_properties(&record, &settings(), &labels).unwrap();
+        assert_eq!(
+            props.content_type().as_ref().unwrap().as_str(),
+            "text/plain"
+        );
     }
 }

@@ -1,11 +1,12 @@
 //! [`AmqpPublisher`]: the [`EventPublisher`] port on one confirm channel.
 
 use crate::broker::{Link, Routing};
-use crate::message::{check_body, properties};
+use crate::message::{check_body, outbox_properties, OutboxLabels};
 use crate::span::PublishSpan;
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation};
+use outbox_core::routing::EventFields;
 use outbox_core::{Confirm, EventPublisher, OutboxRecord, PublishError};
 use std::future::Future;
 use std::pin::Pin;
@@ -79,10 +80,19 @@ impl EventPublisher for AmqpPublisher {
         let settings = self.link.settings();
         let timeout = settings.publish_timeout;
         let routing = Arc::clone(&self.routing);
-        let (exchange, routing_key) = routing
-            .router
-            .route(&record.event_type, &record.room_id)
-            .map_err(|error| PublishError::Invalid(error.to_string()))?;
+        let (exchange, routing_key) = {
+            let column = |name: &str| routing.extra.text(record, name);
+            let fields = EventFields {
+                event_type: &record.event_type,
+                key: &record.room_id,
+                column: &column,
+            };
+            routing
+                .router
+                .route_fields(&fields)
+                .map_err(|error| PublishError::Invalid(error.to_string()))?
+        };
+        let exchange = exchange.as_str();
         check_body(record.envelope.len(), settings.message.max_body_bytes)?;
         // Nothing new goes to a broker that blocks publishers (a resource alarm): it would
         // only be held there. Then one clock for hand-off and confirm, standing still while
@@ -97,7 +107,12 @@ impl EventPublisher for AmqpPublisher {
         )
         .await?
         .map_err(PublishError::Channel)?;
-        let properties = properties(record, &settings.message, &routing.key_header)?;
+        let labels = OutboxLabels {
+            key_header: &routing.key_header,
+            content_type: routing.content_type.as_deref(),
+            extra: &routing.extra,
+        };
+        let properties = outbox_properties(record, &settings.message, &labels)?;
         let (properties, span) = PublishSpan::start(record, exchange, &routing_key, properties);
         let handed_off = async {
             let channel = within(&mut clock, timeout, self.channel()).await??;

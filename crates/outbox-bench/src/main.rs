@@ -3,6 +3,7 @@
 //! consumer runs as a child process, so the CPU time and peak RSS reported are the relay's
 //! own. The figures and how to read them: BENCHMARKS.md.
 
+mod adopt;
 mod baseline;
 mod compare;
 mod consumer;
@@ -43,6 +44,9 @@ enum Scenario {
     /// One scenario run by two builds, interleaved over rounds: every figure's medians,
     /// their ratio, and whether the rounds' spread is too large to call the difference.
     Compare(compare::CompareArgs),
+    /// Adopting a live Debezium-shaped table: migrate's duration and the producer's worst
+    /// insert latency while it runs.
+    Adopt(adopt::AdoptArgs),
     /// The consumer child of `drain` and `latency` (started by them).
     #[command(hide = true)]
     Consume(consumer::ConsumeArgs),
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
             Scenario::History(args) => history::run(args).await,
             Scenario::Idle(args) => idle::run(args).await,
             Scenario::Compare(args) => compare::run(args).await,
+            Scenario::Adopt(args) => adopt::run(args).await,
             Scenario::Consume(args) => consumer::run(args).await,
             Scenario::OtlpSink(args) => otlp_sink::run(args).await,
         }

@@ -157,7 +157,7 @@ impl Bench {
         outbox_cli::telemetry::init(&config.log, &config.secrets);
         let outboxes = open_outboxes(&config, true).await?;
         let store = outboxes[0].store.clone();
-        let queue = config.amqp.router.exchange.clone();
+        let queue = config.amqp.router.exchange.to_string();
         Ok(Self {
             backend,
             config,

@@ -118,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
     let tap = Tap::open(
         broker.open_channel().await?,
         TapQueue::Temporary,
-        &config.amqp.router.exchange,
+        &config.amqp.router.exchange.to_string(),
         "room.renamed",
     )
     .await?;

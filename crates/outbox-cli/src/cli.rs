@@ -234,7 +234,7 @@ pub enum DeadCommand {
     },
     /// Make dead events pending again (retry_count 0, available now).
     ///
-    /// Selects by --event-id, --event-type, --room and --older-than, which combine (an
+    /// Selects by --event-id, --event-type, --key (or --room) and --older-than, which combine (an
     /// event must pass each one given), or every dead event with --all; one of them is
     /// required. --dry-run lists the events it would requeue and changes nothing.
     /// Requeued events are published after the events of their room that went out while
@@ -274,8 +274,9 @@ pub struct DeadFilters {
     /// 'order.#').
     #[arg(long, value_name = "TYPE")]
     pub event_type: Option<String>,
-    /// Only this room's dead events.
-    #[arg(long, value_name = "ROOM")]
+    /// Only the dead events of this ordering key (the value of columns.key; `--room` is
+    /// the same).
+    #[arg(long = "key", visible_alias = "room", value_name = "KEY")]
     pub room: Option<String>,
     /// Only dead events created longer ago than this, such as "30m", "12h" or "7d" (by
     /// the event's created_at: no time of death is recorded).
@@ -411,7 +412,7 @@ mod tests {
         for choice in [
             "--event-id",
             "--event-type",
-            "--room",
+            "--key",
             "--older-than",
             "--all",
         ] {

@@ -152,7 +152,9 @@ pub async fn check_columns(outbox: &str, store: &mut SeaOrmStore) -> anyhow::Res
         Ok(()) => Ok(()),
         // Their text names the table, each setting and column: the outbox's name first.
         Err(
-            error @ (outbox_store::Error::Mapping { .. } | outbox_store::Error::Unreadable { .. }),
+            error @ (outbox_store::Error::Mapping { .. }
+            | outbox_store::Error::ExtraColumns { .. }
+            | outbox_store::Error::Unreadable { .. }),
         ) => Err(ConfigProblem(format!("outbox {outbox}: {error}")).into()),
         Err(error) => Err(anyhow::Error::new(error).context(format!("outbox {outbox}"))),
     }

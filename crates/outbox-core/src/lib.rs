@@ -2,6 +2,8 @@
 //!
 //! Layout:
 //! - [`backoff`]: the jittered wait before retrying a lost database or broker ([`Backoff`]).
+//! - [`fields`]: columns read beyond the mapping, for routing, headers and a content type
+//!   ([`ExtraColumns`]).
 //! - [`record`]: an outbox row as the relay sees it ([`OutboxRecord`]) and its [`Status`].
 //! - [`options`]: the relay's validated options ([`RelayOptions`], [`Ordering`]).
 //! - [`retry`]: what happens to a failed event ([`RetryPolicy`] → [`FailureDecision`]).
@@ -14,6 +16,7 @@
 
 pub mod backoff;
 pub mod error_text;
+pub mod fields;
 pub mod options;
 pub mod outcome;
 pub mod ports;
@@ -24,6 +27,7 @@ pub mod trace;
 
 pub use backoff::Backoff;
 pub use error_text::{trim_error, MAX_ERROR_BYTES};
+pub use fields::{ColumnRead, ColumnValue, ExtraColumns, HeaderColumn, ValueKind};
 pub use options::{Ordering, PublishedRows, RelayOptions};
 pub use outcome::{Failure, MarkBatch, OutcomeKind};
 pub use ports::{
@@ -32,5 +36,5 @@ pub use ports::{
 };
 pub use record::{OutboxRecord, Status};
 pub use retry::{FailureDecision, RetryPolicy, RetryStrategy};
-pub use routing::{Route, Router, RoutingError, RoutingKeyTemplate};
+pub use routing::{Route, RouteField, Router, RoutingError, RoutingKeyTemplate};
 pub use trace::traceparent;

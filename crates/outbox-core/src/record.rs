@@ -24,6 +24,10 @@ pub struct OutboxRecord {
     pub retry_count: i32,
     /// When the producer committed the row.
     pub created_at: DateTime<Utc>,
+    /// The outbox's extra columns (routing placeholders, header columns, a content type),
+    /// in the order of its [`crate::ExtraColumns::reads`]; `None` for NULL. Empty when
+    /// the outbox reads none.
+    pub columns: Vec<Option<crate::ColumnValue>>,
 }
 
 /// The `status` column.

@@ -26,6 +26,7 @@ pub fn record(id: i64, room: &str) -> OutboxRecord {
         headers: None,
         retry_count: 0,
         created_at: Utc::now(),
+        columns: Vec::new(),
     }
 }
 

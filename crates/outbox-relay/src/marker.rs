@@ -289,6 +289,7 @@ impl Marker {
                         node_id,
                         event_id = %record.event_id,
                         event_type = %record.event_type,
+                        key = %record.room_id,
                         room_id = %record.room_id,
                         retry_count = $retry_count,
                         status = $status,

@@ -130,6 +130,7 @@ impl Publisher {
             headers: record.headers.clone(),
             retry_count: record.retry_count,
             created_at: record.created_at,
+            columns: Vec::new(),
         };
         let publishing_task = async move {
             let mut record = record;

@@ -126,6 +126,10 @@ pub struct Columns {
     pub headers: Option<ColumnName>,
     /// When the producer wrote the row (AMQP `timestamp`, latency, age).
     pub created_at: ColumnName,
+    /// Columns read beyond the mapping (routing placeholders, header columns, a content
+    /// type), in the order of [`outbox_core::OutboxRecord::columns`]: the outbox's
+    /// [`outbox_core::ExtraColumns::reads`]. Checked against the table at start.
+    pub extra: Vec<outbox_core::ColumnRead>,
 }
 
 impl Default for Columns {
@@ -140,6 +144,7 @@ impl Default for Columns {
             payload: ColumnName::of("envelope"),
             headers: Some(ColumnName::of("headers")),
             created_at: ColumnName::of("created_at"),
+            extra: Vec::new(),
         }
     }
 }

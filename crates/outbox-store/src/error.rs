@@ -56,6 +56,15 @@ pub enum Error {
         /// Each wrong setting.
         problems: Vec<MappingError>,
     },
+    /// A column that a routing template, a route, a header column or the content type
+    /// column names is not in the table, or cannot be read as asked: every problem found.
+    #[error("table {table}: {}", problems.join("; "))]
+    ExtraColumns {
+        /// The table.
+        table: TableName,
+        /// Each problem, naming the setting and the column.
+        problems: Vec<String>,
+    },
     /// No connection could be opened: what happened, said once (refused, reset, timed
     /// out, a name that does not resolve, or the server's own message such as a refused
     /// password), not the driver's nested copies of it.

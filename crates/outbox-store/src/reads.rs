@@ -7,6 +7,7 @@ use crate::columns::{ColumnSetting, Columns, MappingError, MappingProblem};
 use crate::dialect::Dialect;
 use crate::shape::{Kind, TableShape};
 use crate::sql::TableName;
+use outbox_core::{ColumnRead, ValueKind};
 
 /// How a claim decodes the payload column into bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +46,24 @@ pub(crate) struct Reads {
     headers: Option<String>,
     /// The creation time as a comparable UTC timestamp.
     pub(crate) created_at: String,
+    /// The extra columns (`Columns::extra`), each as read and decoded, selected as
+    /// `extra_0`, `extra_1`, …
+    pub(crate) extra: Vec<(String, Decode)>,
+}
+
+/// How a claim decodes one extra column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decode {
+    /// Text.
+    Text,
+    /// A 64-bit integer.
+    Integer,
+    /// A boolean (PostgreSQL).
+    Boolean,
+    /// A boolean as an integer 0 or 1 (MySQL, SQLite).
+    BooleanInteger,
+    /// A UTC timestamp.
+    Timestamp,
 }
 
 /// A cast that wraps an expression.
@@ -72,14 +91,57 @@ impl Reads {
     /// store uses until [`Reads::checked`] has seen the table.
     pub(crate) fn plain(dialect: Dialect, columns: &Columns) -> Self {
         let text = Kind::Text { long: false };
-        Self::build(dialect, columns, |setting| match setting {
+        let mut reads = Self::build(dialect, columns, |setting| match setting {
             ColumnSetting::Position => Kind::Integer {
                 unsigned: false,
                 big: true,
             },
             ColumnSetting::CreatedAt => Kind::Time { zoned: true },
             _ => text,
-        })
+        });
+        reads.extra = columns
+            .extra
+            .iter()
+            .map(|read| extra_read(dialect, read, assumed(dialect, read.kind)))
+            .collect();
+        reads
+    }
+
+    /// The extra columns of `columns` on a table of `shape`, or every problem: a column
+    /// the table lacks (naming the columns it has), or one whose type cannot be read as
+    /// asked. Each problem names the setting that asks for the column.
+    pub(crate) fn check_extra(
+        &mut self,
+        dialect: Dialect,
+        table: &TableName,
+        columns: &Columns,
+        shape: &TableShape,
+    ) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        let mut extra = Vec::new();
+        for read in &columns.extra {
+            let (column, used_by) = (&read.column, &read.used_by);
+            match shape.column(column) {
+                None => {
+                    let names: Vec<&str> = shape.columns.iter().map(|c| c.name.as_str()).collect();
+                    problems.push(format!(
+                        "{used_by}: column \"{column}\" does not exist in table {table}; its columns: {}",
+                        names.join(", ")
+                    ));
+                }
+                Some(found) if !fits(dialect, read.kind, found.kind) => problems.push(format!(
+                    "{used_by}: column \"{column}\" is {}, which cannot be read as {}",
+                    found.type_name, read.kind
+                )),
+                Some(found) => extra.push(extra_read(dialect, read, found.kind)),
+            }
+        }
+        if problems.is_empty() {
+            self.extra = extra;
+            Ok(())
+        } else {
+            Err(problems)
+        }
     }
 
     /// The statements for `columns` on a table of `shape`, or every problem of the mapping
@@ -185,6 +247,7 @@ impl Reads {
             payload_decode,
             headers,
             created_at,
+            extra: Vec::new(),
         }
     }
 
@@ -226,6 +289,9 @@ impl Reads {
         }
         list.push("retry_count".to_owned());
         list.push(aliased(&self.created_at, "created_at"));
+        for (index, (expr, _)) in self.extra.iter().enumerate() {
+            list.push(format!("{expr} AS extra_{index}"));
+        }
         list.join(", ")
     }
 
@@ -238,6 +304,73 @@ impl Reads {
     /// The table has a headers column (else claimed rows carry none).
     pub(crate) fn has_headers(&self) -> bool {
         self.headers.is_some()
+    }
+}
+
+/// The column type a read of `kind` assumes before the table was seen.
+fn assumed(dialect: Dialect, kind: ValueKind) -> Kind {
+    let integer = Kind::Integer {
+        unsigned: false,
+        big: true,
+    };
+    match kind {
+        ValueKind::Text => Kind::Other,
+        ValueKind::Uuid => Kind::Uuid,
+        ValueKind::Integer => integer,
+        ValueKind::Boolean if dialect == Dialect::Postgres => Kind::Boolean,
+        ValueKind::Boolean => integer,
+        ValueKind::Timestamp => Kind::Time { zoned: true },
+    }
+}
+
+/// Whether a column of type `found` can be read as `kind`.
+fn fits(dialect: Dialect, kind: ValueKind, found: Kind) -> bool {
+    match kind {
+        ValueKind::Text => !matches!(found, Kind::Bytes) || dialect != Dialect::Postgres,
+        ValueKind::Uuid => matches!(found, Kind::Uuid | Kind::Text { .. }),
+        ValueKind::Integer => matches!(found, Kind::Integer { .. }),
+        ValueKind::Boolean => matches!(found, Kind::Boolean | Kind::Integer { .. }),
+        ValueKind::Timestamp => {
+            matches!(found, Kind::Time { .. })
+                || (dialect == Dialect::Sqlite && matches!(found, Kind::Text { .. }))
+        }
+    }
+}
+
+/// How one extra column of type `found` is selected and decoded as `read.kind`.
+fn extra_read(dialect: Dialect, read: &ColumnRead, found: Kind) -> (String, Decode) {
+    let name = read.column.as_str();
+    let text = || match (found, dialect) {
+        (Kind::Text { .. }, _) => name.to_owned(),
+        (_, Dialect::Postgres) => format!("{name}::text"),
+        (_, Dialect::MySql) => format!("CAST({name} AS CHAR)"),
+        (_, Dialect::Sqlite) => format!("CAST({name} AS TEXT)"),
+    };
+    match read.kind {
+        ValueKind::Text | ValueKind::Uuid => (text(), Decode::Text),
+        ValueKind::Integer => match (dialect, found) {
+            (Dialect::Postgres, Kind::Integer { big: true, .. }) => {
+                (name.to_owned(), Decode::Integer)
+            }
+            (Dialect::Postgres, _) => (format!("{name}::bigint"), Decode::Integer),
+            (Dialect::MySql, _) => (format!("CAST({name} AS SIGNED)"), Decode::Integer),
+            (Dialect::Sqlite, _) => (name.to_owned(), Decode::Integer),
+        },
+        ValueKind::Boolean => match (dialect, found) {
+            (Dialect::Postgres, Kind::Boolean) => (name.to_owned(), Decode::Boolean),
+            (Dialect::Postgres, _) => (format!("({name} <> 0)"), Decode::Boolean),
+            (Dialect::MySql, _) => (
+                format!("CAST(({name} <> 0) AS SIGNED)"),
+                Decode::BooleanInteger,
+            ),
+            (Dialect::Sqlite, _) => (format!("({name} <> 0)"), Decode::BooleanInteger),
+        },
+        ValueKind::Timestamp => match (dialect, found) {
+            (Dialect::Postgres, Kind::Time { zoned: false }) => {
+                (format!("({name} AT TIME ZONE 'UTC')"), Decode::Timestamp)
+            }
+            _ => (name.to_owned(), Decode::Timestamp),
+        },
     }
 }
 
@@ -297,6 +430,7 @@ mod tests {
             payload: ColumnName::parse("payload").unwrap(),
             headers: None,
             created_at: ColumnName::parse("created_at").unwrap(),
+            extra: Vec::new(),
         }
     }
 

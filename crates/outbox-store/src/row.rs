@@ -4,7 +4,7 @@
 //! statement names the table through [`crate::TableName`] and reads rows into these
 //! structs with [`FromQueryResult`].
 
-use crate::reads::{PayloadDecode, Reads};
+use crate::reads::{Decode, PayloadDecode, Reads};
 use chrono::{DateTime, Utc};
 use futures_lite::StreamExt;
 use sea_orm::{DbErr, FromQueryResult, QueryResult, Statement, StreamTrait};
@@ -62,6 +62,8 @@ pub struct ClaimedRow {
     pub retry_count: i32,
     /// Commit time of the producer.
     pub created_at: DateTime<Utc>,
+    /// The extra columns, in the order of `Columns::extra` (`None`: NULL).
+    pub columns: Vec<Option<outbox_core::ColumnValue>>,
 }
 
 impl ClaimedRow {
@@ -113,9 +115,41 @@ impl ClaimedRow {
             headers,
             retry_count: row.try_get("", "retry_count")?,
             created_at: row.try_get("", "created_at")?,
+            columns: read_extra(row, reads)?,
         };
         Ok((claimed, envelope))
     }
+}
+
+/// The extra columns of a claimed row, each decoded as its read says.
+fn read_extra(
+    row: &QueryResult,
+    reads: &Reads,
+) -> Result<Vec<Option<outbox_core::ColumnValue>>, DbErr> {
+    use outbox_core::ColumnValue;
+    let mut values = Vec::with_capacity(reads.extra.len());
+    for (index, (_, decode)) in reads.extra.iter().enumerate() {
+        let name = format!("extra_{index}");
+        let value = match decode {
+            Decode::Text => row
+                .try_get::<Option<String>>("", &name)?
+                .map(ColumnValue::Text),
+            Decode::Integer => row
+                .try_get::<Option<i64>>("", &name)?
+                .map(ColumnValue::Integer),
+            Decode::Boolean => row
+                .try_get::<Option<bool>>("", &name)?
+                .map(ColumnValue::Boolean),
+            Decode::BooleanInteger => row
+                .try_get::<Option<i64>>("", &name)?
+                .map(|value| ColumnValue::Boolean(value != 0)),
+            Decode::Timestamp => row
+                .try_get::<Option<DateTime<Utc>>>("", &name)?
+                .map(ColumnValue::Timestamp),
+        };
+        values.push(value);
+    }
+    Ok(values)
 }
 
 /// Runs `statement` on `conn` and reads each row of its answer with `read` as it
@@ -152,6 +186,7 @@ impl From<ClaimedRow> for outbox_core::OutboxRecord {
             headers: row.headers,
             retry_count: row.retry_count,
             created_at: row.created_at,
+            columns: row.columns,
         }
     }
 }

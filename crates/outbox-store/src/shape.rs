@@ -32,7 +32,11 @@ pub(crate) enum Kind {
         /// `timestamptz`, or a backend that stores UTC anyway.
         zoned: bool,
     },
-    /// Anything else (uuid, numeric, …).
+    /// A boolean (PostgreSQL `boolean`; MySQL's BOOLEAN is a TINYINT).
+    Boolean,
+    /// A UUID (PostgreSQL `uuid`, MariaDB `UUID`).
+    Uuid,
+    /// Anything else (numeric, …).
     Other,
 }
 
@@ -149,6 +153,8 @@ pub(crate) fn classify(dialect: Dialect, type_name: &str, detail: &str) -> Kind 
             "bytea" => Kind::Bytes,
             "timestamptz" => Kind::Time { zoned: true },
             "timestamp" => Kind::Time { zoned: false },
+            "bool" => Kind::Boolean,
+            "uuid" => Kind::Uuid,
             _ => Kind::Other,
         },
         Dialect::MySql => match type_name.as_str() {
@@ -161,6 +167,7 @@ pub(crate) fn classify(dialect: Dialect, type_name: &str, detail: &str) -> Kind 
             "json" => Kind::Json,
             "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => Kind::Bytes,
             "datetime" | "timestamp" => Kind::Time { zoned: true },
+            "uuid" => Kind::Uuid,
             _ => Kind::Other,
         },
         // Declared types by SQLite's affinity rules (https://sqlite.org/datatype3.html),
@@ -182,6 +189,8 @@ pub(crate) fn classify(dialect: Dialect, type_name: &str, detail: &str) -> Kind 
                 Kind::Json
             } else if type_name.contains("date") || type_name.contains("time") {
                 Kind::Time { zoned: true }
+            } else if type_name.contains("bool") {
+                Kind::Boolean
             } else {
                 Kind::Other
             }
@@ -220,7 +229,9 @@ mod tests {
             pg("timestamp without time zone", "timestamp"),
             Kind::Time { zoned: false }
         );
-        assert_eq!(pg("uuid", "uuid"), Kind::Other);
+        assert_eq!(pg("uuid", "uuid"), Kind::Uuid);
+        assert_eq!(pg("boolean", "bool"), Kind::Boolean);
+        assert_eq!(pg("numeric", "numeric"), Kind::Other);
     }
 
     #[test]

@@ -188,7 +188,13 @@ impl SeaOrmStore {
             .filter(|column| !shape.has(column))
             .collect();
         match reads {
-            Ok(reads) if unmigrated.is_empty() => {
+            Ok(mut reads) if unmigrated.is_empty() => {
+                reads
+                    .check_extra(dialect, &self.table, &self.columns, &shape)
+                    .map_err(|problems| Error::ExtraColumns {
+                        table: self.table.clone(),
+                        problems,
+                    })?;
                 // One statement that reads every mapped column as a claim does, and no
                 // row: what the catalogue cannot tell (a column named by a reserved word,
                 // a cast the database refuses) fails here, at start, not at the first claim.

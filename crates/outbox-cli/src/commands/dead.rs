@@ -141,6 +141,7 @@ impl Listing {
                         "id": event.id,
                         "event_id": event.event_id,
                         "event_type": event.event_type,
+                        "key": event.room_id,
                         "room_id": event.room_id,
                         "retry_count": event.retry_count,
                         "last_error": event.last_error,

@@ -40,6 +40,7 @@ pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
             }
             for step in steps {
                 say!("-- {}", step.name)?;
+                say!("-- locks: {}", step.locks)?;
                 for statement in step.statements {
                     say!("{};", statement.trim_end().trim_end_matches(';'))?;
                 }

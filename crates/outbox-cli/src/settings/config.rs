@@ -136,7 +136,14 @@ pub struct OutboxConfig {
 impl OutboxConfig {
     /// `relay` (the `[relay]` options) for this outbox: its name, ordering and publishers.
     pub fn relay_options(&self, relay: &RelayOptions) -> RelayOptions {
+        // `relay.name` blank (the default): the `worker` field names the outbox.
+        let name = if relay.name.is_empty() || relay.name == relay.outbox {
+            self.name.clone()
+        } else {
+            relay.name.clone()
+        };
         RelayOptions {
+            name,
             outbox: self.name.clone(),
             ordering: self.ordering,
             publishers: self.publishers,

@@ -30,8 +30,8 @@ pub use environment::ENV_PREFIX;
 pub use field::{Field, Span};
 pub use load::Rejected;
 pub use shape::{
-    AmqpSection, ColumnsSettings, DatabaseSettings, LogSettings, MetricsSettings,
-    OutboxColumnsSettings, OutboxSettings, RelaySettings, RouteSettings, Settings,
+    AmqpSection, ColumnsSettings, DatabaseSettings, HeaderColumnSettings, LogSettings,
+    MetricsSettings, OutboxColumnsSettings, OutboxSettings, RelaySettings, RouteSettings, Settings,
     TelemetrySettings,
 };
 pub use validate::default_node_id;

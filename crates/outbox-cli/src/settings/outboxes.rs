@@ -4,12 +4,12 @@
 
 use super::check::{Report, Section};
 use super::config::{DatabaseConfig, OutboxConfig};
-use super::shape::{AmqpSection, ColumnsSettings, OutboxSettings, Settings};
+use super::shape::{AmqpSection, ColumnsSettings, HeaderColumnSettings, OutboxSettings, Settings};
 use super::validate::url_setting;
 use super::ConfigError;
 use crate::secrets::{self, PasswordKeys};
 use outbox_amqp::{AmqpSettings, Routing};
-use outbox_core::{Ordering, PublishedRows, RelayOptions};
+use outbox_core::{ExtraColumns, Ordering, PublishedRows, RelayOptions, Router, ValueKind};
 use outbox_store::{ColumnName, Columns, TableName};
 use std::sync::Arc;
 
@@ -40,7 +40,10 @@ pub(super) fn validate(
             table: database.table.clone(),
             database_url: database.url.clone(),
             redacted_database_url: database.redacted_url.clone(),
-            columns: database.columns.clone(),
+            columns: Columns {
+                extra: inherited.amqp.extra.reads().to_vec(),
+                ..database.columns.clone()
+            },
             routing: Arc::new(inherited.amqp.routing()),
             ordering: inherited.relay.ordering,
             publishers: inherited.relay.publishers,
@@ -151,13 +154,18 @@ impl OutboxSettings {
         };
         let (database_url, redacted_database_url) = url?;
         valid_name.then_some(())?;
+        let routing = routing?;
+        let columns = Columns {
+            extra: routing.extra.reads().to_vec(),
+            ..columns?
+        };
         Some(OutboxConfig {
             name: name.to_owned(),
             table: table?,
             database_url,
             redacted_database_url,
-            columns: columns?,
-            routing: Arc::new(routing?),
+            columns,
+            routing: Arc::new(routing),
             ordering: ordering?,
             publishers,
             published_rows: published_rows?,
@@ -221,10 +229,19 @@ impl OutboxSettings {
             exchange_type: pick(&self.exchange_type, &section.exchange_type),
             routing_key: pick(&self.routing_key, &section.routing_key),
             key_header: pick(&self.key_header, &amqp.key_header),
+            content_type: pick(&self.content_type, &section.content_type),
+            content_type_column: match self.content_type_column.trim() {
+                "-" => String::new(),
+                _ => pick(&self.content_type_column, &section.content_type_column),
+            },
             routes: self
                 .routes
                 .clone()
                 .unwrap_or_else(|| section.routes.clone()),
+            header_columns: self
+                .header_columns
+                .clone()
+                .unwrap_or_else(|| section.header_columns.clone()),
             ..section.clone()
         };
         // The same checks as [amqp], keys named without the section.
@@ -264,12 +281,100 @@ impl AmqpSection {
             header => Some(header.to_owned()),
         };
         let router = self.router(check);
+        let content_type = match self.content_type.trim() {
+            "" => check.reject(
+                "content_type",
+                &self.content_type,
+                "a MIME type such as \"application/json\"",
+            ),
+            text if text.len() > 255 => check.reject(
+                "content_type",
+                text,
+                "at most 255 bytes (an AMQP short string)",
+            ),
+            text => Some(text.to_owned()),
+        };
         exchange_type?;
+        let (router, key_header) = (router?, key_header?);
+        let extra = self.extra_columns(&router, &key_header, check)?;
         Some(Routing {
-            router: router?,
+            router,
             exchange_type: self.exchange_type.clone(),
-            key_header: key_header?,
+            key_header,
+            content_type: Some(content_type?),
+            extra,
         })
+    }
+
+    /// The columns `router`, `header_columns` and `content_type_column` read beyond the
+    /// mapping; each header name checked (not the relay's own, nor `key_header`).
+    fn extra_columns(
+        &self,
+        router: &Router,
+        key_header: &str,
+        check: &mut Section<'_>,
+    ) -> Option<ExtraColumns> {
+        let mut extra = ExtraColumns::default();
+        let mut valid = true;
+        for column in router.columns() {
+            extra.read(
+                column,
+                ValueKind::Text,
+                "routing (a {column} placeholder or a route's column)",
+            );
+        }
+        for (header, entry) in &self.header_columns {
+            let key = format!("header_columns.{header}");
+            let (column, kind) = match entry {
+                HeaderColumnSettings::Column(column) => (column.as_str(), ""),
+                HeaderColumnSettings::Typed { column, kind } => (column.as_str(), kind.trim()),
+            };
+            if header.is_empty() || header.len() > 255 {
+                valid = false;
+                check.reject::<()>(&key, header, "a header name of 1 to 255 bytes");
+                continue;
+            }
+            if OWN_HEADERS.contains(&header.as_str()) || header == key_header {
+                valid = false;
+                check.reject::<()>(
+                        &key,
+                        header,
+                        format!(
+                            "a header name other than the relay's own ({}, and key_header {key_header:?})",
+                            OWN_HEADERS.join(", ")
+                        ),
+                    );
+                continue;
+            }
+            if let Err(error) = ColumnName::parse(column.trim()) {
+                valid = false;
+                check.reject::<()>(&key, column, error.to_string());
+                continue;
+            }
+            let kind = match kind {
+                "" => ValueKind::Text,
+                kind => match kind.parse::<ValueKind>() {
+                    Ok(kind) => kind,
+                    Err(why) => {
+                        valid = false;
+                        check.reject::<()>(&format!("{key}.type"), kind, why);
+                        continue;
+                    }
+                },
+            };
+            extra.add_header(header, column.trim(), kind);
+        }
+        match self.content_type_column.trim() {
+            "" => {}
+            column => match ColumnName::parse(column) {
+                Ok(_) => extra.set_content_type_column(column),
+                Err(error) => {
+                    valid = false;
+                    check.reject::<()>("content_type_column", column, error.to_string());
+                }
+            },
+        }
+        valid.then_some(extra)
     }
 }
 
@@ -347,6 +452,7 @@ fn mapping(columns: &ColumnsSettings, problems: &mut Vec<String>) -> Option<Colu
         payload: payload?,
         headers: headers?,
         created_at: created_at?,
+        extra: Vec::new(),
     };
     match mapping.validate() {
         Ok(()) => Some(mapping),

@@ -12,6 +12,7 @@ fn redact_urls(value: &str) -> String {
 }
 use outbox_core::{Ordering, PublishedRows, RetryStrategy};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 /// The settings file, as written.
@@ -146,6 +147,13 @@ pub struct OutboxSettings {
     pub routing_key: String,
     /// Blank: `amqp.key_header`.
     pub key_header: String,
+    /// Blank: `amqp.content_type`.
+    pub content_type: String,
+    /// Blank: `amqp.content_type_column`; `"-"`: none for this outbox.
+    pub content_type_column: String,
+    /// Absent: `amqp.header_columns`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_columns: Option<BTreeMap<String, HeaderColumnSettings>>,
     /// Blank: `relay.ordering`.
     pub ordering: String,
     /// 0: `relay.publishers`.
@@ -190,10 +198,32 @@ pub struct AmqpSection {
     pub routing_key: String,
     /// `content_type` of every message.
     pub content_type: String,
+    /// A column whose value, when not NULL, is the row's `content_type`. Blank: none.
+    pub content_type_column: String,
     /// Per-event-type exchange and routing key; first match wins.
     pub routes: Vec<RouteSettings>,
     /// The AMQP header that carries the ordering key (`columns.key`).
     pub key_header: String,
+    /// Columns copied into AMQP headers: header name = column name, or
+    /// `{ column = "…", type = "integer" }` (Debezium's
+    /// `table.fields.additional.placement = …:header:…`).
+    pub header_columns: BTreeMap<String, HeaderColumnSettings>,
+}
+
+/// One `header_columns` entry: a column name (sent as text), or a column and its type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderColumnSettings {
+    /// `tenant = "tenant_id"`: the column, as text.
+    Column(String),
+    /// `attempt = { column = "attempt", type = "integer" }`.
+    Typed {
+        /// The column.
+        column: String,
+        /// `text`, `integer`, `boolean`, `uuid` or `timestamp`; blank: text.
+        #[serde(default, rename = "type")]
+        kind: String,
+    },
 }
 
 /// The URLs of `amqp.url`, each trimmed (an empty one stays, for validation to reject).
@@ -236,11 +266,18 @@ mod url_list {
 }
 
 /// One `[[amqp.routes]]` entry.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSettings {
-    /// Topic-style pattern over `event_type`.
+    /// Topic-style pattern over `event_type`; blank when `column` and `pattern` are set.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub event_type: String,
+    /// A column whose value `pattern` is matched against (Debezium's `route.by.field`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub column: String,
+    /// Topic-style pattern over `column`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pattern: String,
     /// Exchange for matching events.
     pub exchange: String,
     /// Routing key template for matching events; `amqp.routing_key` when absent.
@@ -257,7 +294,7 @@ pub const DEFAULT_MAX_INFLIGHT_BYTES: i64 = 64 * 1024 * 1024;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RelaySettings {
-    /// The `worker` field of every log line.
+    /// The `worker` field of every log line; blank (the default): the outbox's name.
     pub name: String,
     /// Empty: `hostname-pid`.
     pub node_id: String,
@@ -357,8 +394,10 @@ impl Default for AmqpSection {
             declare_exchange: true,
             routing_key: "{event_type}".into(),
             content_type: "application/json".into(),
+            content_type_column: String::new(),
             routes: Vec::new(),
             key_header: "room_id".into(),
+            header_columns: BTreeMap::new(),
         }
     }
 }
@@ -381,7 +420,7 @@ impl Default for ColumnsSettings {
 impl Default for RelaySettings {
     fn default() -> Self {
         Self {
-            name: "room_outbox".into(),
+            name: String::new(),
             node_id: String::new(),
             publishers: 4,
             poll_interval: "1s".into(),
@@ -483,8 +522,10 @@ impl std::fmt::Debug for AmqpSection {
             .field("declare_exchange", &self.declare_exchange)
             .field("routing_key", &self.routing_key)
             .field("content_type", &self.content_type)
+            .field("content_type_column", &self.content_type_column)
             .field("routes", &self.routes)
             .field("key_header", &self.key_header)
+            .field("header_columns", &self.header_columns)
             .finish()
     }
 }
@@ -501,6 +542,9 @@ impl std::fmt::Debug for OutboxSettings {
             .field("exchange_type", &self.exchange_type)
             .field("routing_key", &self.routing_key)
             .field("key_header", &self.key_header)
+            .field("content_type", &self.content_type)
+            .field("content_type_column", &self.content_type_column)
+            .field("header_columns", &self.header_columns)
             .field("ordering", &self.ordering)
             .field("publishers", &self.publishers)
             .field("routes", &self.routes)

@@ -13,7 +13,8 @@ use super::shape::{
 use super::ConfigError;
 use crate::secrets::{self, redact_url, PasswordKeys, Secrets};
 use outbox_amqp::{AmqpSettings, BrokerUrl, MessageSettings};
-use outbox_core::{RelayOptions, RetryPolicy, Route, Router, RoutingKeyTemplate};
+use outbox_core::{RelayOptions, RetryPolicy, Route, RouteField, Router, RoutingKeyTemplate};
+use outbox_store::ColumnName;
 use outbox_store::TableName;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -349,6 +350,7 @@ impl AmqpSection {
             declare_exchange: self.declare_exchange,
             router: routing.router,
             key_header: routing.key_header,
+            extra: routing.extra,
             // Every outbox's, filled in once the outboxes are known.
             topology: Vec::new(),
             message: MessageSettings {
@@ -361,6 +363,7 @@ impl AmqpSection {
     }
 
     pub(super) fn router(&self, check: &mut Section<'_>) -> Option<Router> {
+        let exchange = template(check, "exchange", &self.exchange);
         let routing_key = template(check, "routing_key", &self.routing_key);
         let routes: Vec<Option<Route>> = (self.routes.iter().enumerate())
             .map(|(index, route)| {
@@ -370,22 +373,47 @@ impl AmqpSection {
                     }
                     None => Some(None),
                 };
-                if route.event_type.is_empty() {
-                    return check.reject(
-                        &format!("routes[{index}].event_type"),
-                        "",
-                        "a pattern such as \"room.member.*\" or \"room.#\"",
-                    );
-                }
+                let exchange = template(check, &format!("routes[{index}].exchange"), &route.exchange);
+                let by_column = !route.column.is_empty() || !route.pattern.is_empty();
+                let (field, pattern) = match (route.event_type.is_empty(), by_column) {
+                    (false, false) => (RouteField::EventType, route.event_type.clone()),
+                    (true, true) if !route.column.is_empty() && !route.pattern.is_empty() => {
+                        match ColumnName::parse(&route.column) {
+                            Ok(_) => (RouteField::Column(route.column.clone()), route.pattern.clone()),
+                            Err(error) => {
+                                return check.reject(
+                                    &format!("routes[{index}].column"),
+                                    &route.column,
+                                    error.to_string(),
+                                )
+                            }
+                        }
+                    }
+                    (false, true) => {
+                        return check.reject(
+                            &format!("routes[{index}].event_type"),
+                            &route.event_type,
+                            "either event_type, or column and pattern, not both",
+                        )
+                    }
+                    _ => {
+                        return check.reject(
+                            &format!("routes[{index}].event_type"),
+                            "",
+                            "a pattern such as \"room.member.*\" or \"room.#\", or column = \"aggregatetype\" with pattern = \"order\"",
+                        )
+                    }
+                };
                 Some(Route {
-                    event_type: route.event_type.clone(),
-                    exchange: route.exchange.clone(),
+                    field,
+                    pattern,
+                    exchange: exchange?,
                     routing_key: routing_key?,
                 })
             })
             .collect();
         Some(Router {
-            exchange: self.exchange.clone(),
+            exchange: exchange?,
             routing_key: routing_key?,
             routes: routes.into_iter().collect::<Option<_>>()?,
         })

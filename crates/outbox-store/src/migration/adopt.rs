@@ -11,7 +11,6 @@ use crate::dialect::Dialect;
 use crate::error::Error;
 use crate::reads::Reads;
 use crate::shape::{Kind, TableShape};
-use crate::sql::Index;
 
 /// SQLite adds no column with a non-constant default (`now`): a time before any row, so
 /// an added `available_at` makes every row available at once, as `now` would.
@@ -30,6 +29,34 @@ pub(super) fn adopt(cx: &Context<'_>, shape: &TableShape) -> Result<Vec<String>,
             statements.push(add(column, ddl));
         }
     }
+    statements.extend(mapped_columns(cx, shape));
+    match dialect {
+        // Built CONCURRENTLY once the rows are numbered, outside any transaction
+        // (`online.rs`): a plain CREATE INDEX would block inserts while it reads the table.
+        Dialect::Postgres => {}
+        Dialect::Sqlite => statements.extend(indexes(cx)),
+        // InnoDB builds a secondary index in place while writes go on; a server that
+        // cannot refuses the statement rather than locking the table.
+        Dialect::MySql => {
+            for (name, columns) in mysql_indexes(cx) {
+                if !shape.indexes.contains(&name) {
+                    statements.push(format!(
+                        "CREATE INDEX {name} ON {t} ({columns}) ALGORITHM=INPLACE LOCK=NONE"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(statements)
+}
+
+/// The mapped columns `migrate` adds when the table lacks them: headers, created_at and
+/// position (with its unique index). Also what a mapping changed after adoption needs
+/// ([`super::add_mapped_columns`]).
+pub(super) fn mapped_columns(cx: &Context<'_>, shape: &TableShape) -> Vec<String> {
+    let t = cx.table;
+    let add = |column: &str, ddl: &str| format!("ALTER TABLE {t} ADD COLUMN {column} {ddl}");
+    let mut statements = Vec::new();
     if let Some(headers) = &cx.columns.headers {
         if !shape.has(headers.as_str()) {
             statements.push(add(headers.as_str(), "TEXT NULL"));
@@ -41,14 +68,10 @@ pub(super) fn adopt(cx: &Context<'_>, shape: &TableShape) -> Result<Vec<String>,
     }
     let position = cx.columns.position.as_str();
     if !shape.has(position) && !cx.rowid_position() {
-        match dialect {
-            Dialect::Postgres => {
-                statements.push(add(position, "BIGSERIAL"));
-                statements.push(format!(
-                    "CREATE UNIQUE INDEX IF NOT EXISTS {} ON {t} ({position})",
-                    t.index(Index::Position)
-                ));
-            }
+        match cx.dialect {
+            // No rewrite: a nullable column and a sequence default; the existing rows are
+            // numbered and the unique index built afterwards (`online.rs`).
+            Dialect::Postgres => statements.extend(super::online::add_position(cx, position)),
             Dialect::MySql => {
                 statements.push(add(position, "BIGINT NOT NULL AUTO_INCREMENT UNIQUE"));
             }
@@ -56,17 +79,14 @@ pub(super) fn adopt(cx: &Context<'_>, shape: &TableShape) -> Result<Vec<String>,
             Dialect::Sqlite => {}
         }
     }
-    match dialect {
-        Dialect::Postgres | Dialect::Sqlite => statements.extend(indexes(cx)),
-        Dialect::MySql => {
-            for (name, columns) in mysql_indexes(cx) {
-                if !shape.indexes.contains(&name) {
-                    statements.push(format!("CREATE INDEX {name} ON {t} ({columns})"));
-                }
-            }
-        }
-    }
-    Ok(statements)
+    statements
+}
+
+/// The mapped columns an adopted table lacks after its mapping changed, or the problems
+/// of the mapping that adding them cannot mend.
+pub(super) fn changed_mapping(cx: &Context<'_>, shape: &TableShape) -> Result<Vec<String>, Error> {
+    check(cx, shape)?;
+    Ok(mapped_columns(cx, shape))
 }
 
 /// The bookkeeping columns as `ADD COLUMN` writes them, in the order of the relay's table.

@@ -11,6 +11,7 @@
 
 mod adopt;
 mod create;
+mod online;
 
 use crate::columns::{ColumnSetting, Columns};
 use crate::dialect::{Dialect, Params};
@@ -91,11 +92,11 @@ const MIGRATIONS: &[Migration] = &[
         statements: set_autovacuum,
     },
     Migration {
-        name: "m20261204_000006_lower_room_outbox_fillfactor",
+        name: "m20261204_000007_lower_room_outbox_fillfactor",
         statements: lower_fillfactor,
     },
     Migration {
-        name: "m20261204_000007_drop_room_outbox_room_index",
+        name: "m20261204_000008_drop_room_outbox_room_index",
         statements: drop_room_index,
     },
 ];
@@ -257,6 +258,22 @@ pub struct PlannedStep {
     pub name: &'static str,
     /// The statements it would run, in order.
     pub statements: Vec<String>,
+    /// What it locks, and for how long it is expected to.
+    pub locks: &'static str,
+}
+
+/// What step `name` locks on `dialect`, and for how long (`migrate --dry-run`).
+fn lock_note(name: &str, dialect: Dialect) -> &'static str {
+    match (dialect, name) {
+        (Dialect::Sqlite, _) => "the database's write lock, for the step's statements (milliseconds on a new table; adding created_at to an existing one rewrites each row)",
+        (Dialect::Postgres, online::FINISH) => "no table lock that stops inserts: row locks of one batch of pages at a time (tens of milliseconds each), then each index built CONCURRENTLY (SHARE UPDATE EXCLUSIVE: inserts and updates go on; it waits for older transactions)",
+        (Dialect::Postgres, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ACCESS EXCLUSIVE on the table for catalogue changes only (no rewrite, no index build): milliseconds; it waits at most 100 ms for the lock (lock_timeout), then gives up and is retried",
+        (Dialect::Postgres, "m20261204_000008_drop_room_outbox_room_index") => "ACCESS EXCLUSIVE on the table for DROP INDEX: milliseconds once granted; at most 100 ms waiting for the lock, retried",
+        (Dialect::Postgres, "m20261202_000003_create_room_outbox_notify") => "SHARE ROW EXCLUSIVE on the table for CREATE TRIGGER: milliseconds; at most 100 ms waiting for the lock, retried",
+        (Dialect::Postgres, _) => "SHARE UPDATE EXCLUSIVE or none (inserts go on): milliseconds; at most 100 ms waiting for the lock, retried",
+        (Dialect::MySql, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds",
+        (Dialect::MySql, _) => "a metadata lock: milliseconds",
+    }
 }
 
 /// What [`migrate_columns`] would do now, without changing anything (`migrate --dry-run`).
@@ -284,9 +301,51 @@ pub async fn plan(
         steps.push(PlannedStep {
             name: migration.name,
             statements: (migration.statements)(&cx)?,
+            locks: lock_note(migration.name, dialect),
+        });
+    }
+    // A table adopted (or created) earlier whose mapping now names a column it lacks.
+    let mut added = false;
+    if steps.is_empty() {
+        if let Some(statements) = add_mapped_columns(&cx)? {
+            added = true;
+            steps.push(PlannedStep {
+                name: ADD_MAPPED_COLUMNS,
+                statements,
+                locks: lock_note(ADD_MAPPED_COLUMNS, dialect),
+            });
+        }
+    }
+    if dialect == Dialect::Postgres
+        && shape.is_some()
+        && (added || !(recorded_any && is_recorded(db, table, online::FINISH).await?))
+    {
+        steps.push(PlannedStep {
+            name: online::FINISH,
+            statements: online::finish_statements(&cx),
+            locks: lock_note(online::FINISH, dialect),
         });
     }
     Ok(steps)
+}
+
+/// The name `migrate` reports for [`add_mapped_columns`]: not recorded, since it depends
+/// on the mapping of the day, not on the table's history.
+const ADD_MAPPED_COLUMNS: &str = "add_mapped_columns";
+
+/// On a table whose migrations have all run: the headers, created_at or position column
+/// the mapping names and the table lacks (a mapping changed after adoption), as
+/// `migrate` adds them on adoption; `None` when there is none to add.
+fn add_mapped_columns(cx: &Context<'_>) -> Result<Option<Vec<String>>, Error> {
+    let Some(shape) = cx.shape else {
+        return Ok(None);
+    };
+    // A mapping `migrate` cannot mend adds nothing here: checking the columns reports it
+    // (exit 2), as before, without a migration being attempted.
+    let Ok(statements) = adopt::changed_mapping(cx, shape) else {
+        return Ok(None);
+    };
+    Ok((!statements.is_empty()).then_some(statements))
 }
 
 /// The mapping on its own ([`Columns::validate`]), as an [`Error`].
@@ -321,9 +380,20 @@ pub async fn migrate_columns(
 
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
-        let txn = lock(db, table).await?;
-        let done = apply(&txn, table, columns, migration).await;
-        let done = unlock(txn, table, done).await;
+        let mut attempt = 0;
+        let done = loop {
+            attempt += 1;
+            let txn = lock(db, table).await?;
+            let done = apply(&txn, table, columns, migration).await;
+            match unlock(txn, table, done).await {
+                Err(Error::Database(error))
+                    if online::is_lock_timeout(&error) && attempt < online::LOCK_ATTEMPTS =>
+                {
+                    tokio::time::sleep(online::retry_delay(attempt)).await;
+                }
+                done => break done,
+            }
+        };
         match done {
             Ok(true) => applied.push(migration.name),
             Ok(false) => {}
@@ -333,7 +403,115 @@ pub async fn migrate_columns(
             Err(error) => return Err(error),
         }
     }
+    let txn = lock(db, table).await?;
+    let added = add_mapped(&txn, table, columns).await;
+    let added = unlock(txn, table, added).await?;
+    if added {
+        applied.push(ADD_MAPPED_COLUMNS);
+    }
+    if Dialect::of(db) == Dialect::Postgres
+        && (added || !is_recorded(db, table, online::FINISH).await?)
+        && finish_once(db, table, columns, added).await?
+    {
+        applied.push(online::FINISH);
+    }
     Ok(applied)
+}
+
+/// Runs [`finish`] in one runner at a time: under an advisory lock of its own, taken with
+/// `pg_try_advisory_xact_lock` in a transaction that then stays idle. A runner waiting in
+/// `pg_advisory_xact_lock` would hold a snapshot, which `CREATE INDEX CONCURRENTLY` waits
+/// for (while the runner waits for the lock holder, which waits for the index): the
+/// others poll instead. `true` when this runner recorded the step.
+async fn finish_once(
+    db: &DatabaseConnection,
+    table: &TableName,
+    columns: &Columns,
+    again: bool,
+) -> Result<bool, Error> {
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_secs(u64::from(MIGRATION_LOCK_WAIT_SECS) * 10);
+    loop {
+        let txn = db.begin().await?;
+        let mut params = Params::new(Dialect::Postgres);
+        let name = params.bind(format!("{table}_finish"));
+        let got = txn
+            .query_one(params.statement(format!(
+                "SELECT pg_try_advisory_xact_lock(hashtext({name})) AS got"
+            )))
+            .await?
+            .map(|row| row.try_get::<bool>("", "got"))
+            .transpose()?
+            .unwrap_or(false);
+        if !got {
+            txn.rollback().await?;
+            if std::time::Instant::now() > deadline {
+                return Err(Error::MigrationLockTimeout {
+                    table: table.clone(),
+                    seconds: MIGRATION_LOCK_WAIT_SECS * 10,
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        }
+        if !again && is_recorded(&txn, table, online::FINISH).await? {
+            txn.commit().await?;
+            return Ok(false);
+        }
+        let recorded = finish(db, &txn, table, columns).await;
+        return unlock(txn, table, recorded).await;
+    }
+}
+
+/// PostgreSQL: numbers an adopted table's existing rows and builds its indexes
+/// concurrently (`online.rs`), on connections of the pool while `txn` holds the finish
+/// lock; then records [`online::FINISH`] (`true` when this call recorded it).
+async fn finish(
+    db: &DatabaseConnection,
+    txn: &DatabaseTransaction,
+    table: &TableName,
+    columns: &Columns,
+) -> Result<bool, Error> {
+    let shape = TableShape::read(db, table.as_str()).await?;
+    let cx = Context {
+        dialect: Dialect::Postgres,
+        table,
+        columns,
+        shape: shape.as_ref(),
+    };
+    online::finish(db, &cx).await?;
+    if is_recorded(txn, table, online::FINISH).await? {
+        return Ok(false);
+    }
+    let mut params = Params::new(Dialect::Postgres);
+    let name = params.bind(online::FINISH);
+    txn.execute(params.statement(format!(
+        "INSERT INTO {table}_migrations (name) VALUES ({name})"
+    )))
+    .await?;
+    Ok(true)
+}
+
+/// Adds the mapped columns the table lacks ([`add_mapped_columns`]); `true` if it added any.
+async fn add_mapped(
+    txn: &DatabaseTransaction,
+    table: &TableName,
+    columns: &Columns,
+) -> Result<bool, Error> {
+    let shape = TableShape::read(txn, table.as_str()).await?;
+    let cx = Context {
+        dialect: Dialect::of(txn),
+        table,
+        columns,
+        shape: shape.as_ref(),
+    };
+    let Some(statements) = add_mapped_columns(&cx)? else {
+        return Ok(false);
+    };
+    for statement in statements {
+        txn.execute_unprepared(&statement).await?;
+    }
+    Ok(true)
 }
 
 /// How long a runner waits for another one's migration step (MySQL's `GET_LOCK`; on
@@ -391,6 +569,14 @@ async fn lock(db: &DatabaseConnection, table: &TableName) -> Result<DatabaseTran
             txn.execute(
                 params.statement(format!("SELECT pg_advisory_xact_lock(hashtext({name}))")),
             )
+            .await?;
+            // Once the migration lock is held (another runner may hold it for a while):
+            // an ALTER that waits behind a producer's long transaction gives up at once,
+            // instead of making every insert queue behind it; the step is tried again.
+            txn.execute_unprepared(&format!(
+                "SET LOCAL lock_timeout = '{}'",
+                online::LOCK_TIMEOUT
+            ))
             .await?;
         }
         Dialect::MySql => {

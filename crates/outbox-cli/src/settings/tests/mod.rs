@@ -316,14 +316,14 @@ fn environment_overrides_the_file() {
     )
     .unwrap();
     assert_eq!(config.relay.batch_size, 250);
-    assert_eq!(config.amqp.router.exchange, "from.env");
+    assert_eq!(config.amqp.router.exchange.to_string(), "from.env");
 }
 
 #[test]
 fn bad_routing_key_template_is_rejected() {
-    let error = load("[amqp]\nrouting_key = \"{tenant}.x\"", &[]).unwrap_err();
+    let error = load("[amqp]\nrouting_key = \"{Tenant}.x\"", &[]).unwrap_err();
     assert!(
-        error.contains("amqp.routing_key") && error.contains("{tenant}"),
+        error.contains("amqp.routing_key") && error.contains("{Tenant}"),
         "{error}"
     );
 }
@@ -475,7 +475,7 @@ fn unknown_exchange_type_is_rejected_and_plugin_types_accepted() {
 fn route_without_an_event_type_or_with_a_bad_key_is_rejected() {
     let error = load(
         "[[amqp.routes]]\nevent_type = \"\"\nexchange = \"x\"\n\
-         [[amqp.routes]]\nevent_type = \"room.#\"\nexchange = \"y\"\nrouting_key = \"{tenant}\"",
+         [[amqp.routes]]\nevent_type = \"room.#\"\nexchange = \"y\"\nrouting_key = \"{tenant id}\"",
         &[],
     )
     .unwrap_err();
@@ -484,7 +484,7 @@ fn route_without_an_event_type_or_with_a_bad_key_is_rejected() {
         "{error}"
     );
     assert!(
-        error.contains("amqp.routes[1].routing_key") && error.contains("{tenant}"),
+        error.contains("amqp.routes[1].routing_key") && error.contains("{tenant id}"),
         "both routes are reported: {error}"
     );
 }

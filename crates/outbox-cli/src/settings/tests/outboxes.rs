@@ -13,7 +13,7 @@ fn without_entries_there_is_one_outbox_named_after_the_table() {
     assert_eq!(outbox.table.as_str(), "room_outbox");
     assert_eq!(outbox.columns, outbox_store::Columns::default());
     assert_eq!(outbox.routing.key_header, "room_id");
-    assert_eq!(outbox.routing.router.exchange, "room.events");
+    assert_eq!(outbox.routing.router.exchange.to_string(), "room.events");
     assert_eq!(outbox.database_url, config.database.url);
     assert_eq!(outbox.publishers, config.relay.publishers);
     assert_eq!(config.relay.outbox, "room_outbox");
@@ -77,7 +77,7 @@ key = "aggregateid"
     assert_eq!(orders.name, "orders_outbox", "blank name: the table");
     assert_eq!(orders.database_url, "postgres://relay:topsecret@db/app");
     assert_eq!(orders.columns.payload.as_str(), "body");
-    assert_eq!(orders.routing.router.exchange, "top.events");
+    assert_eq!(orders.routing.router.exchange.to_string(), "top.events");
     assert_eq!(orders.routing.exchange_type, "topic");
     assert_eq!(orders.routing.key_header, "tenant");
     assert_eq!(orders.ordering, Ordering::None);
@@ -91,7 +91,7 @@ key = "aggregateid"
         "body",
         "absent key: [database.columns]"
     );
-    assert_eq!(rooms.routing.router.exchange, "rooms.events");
+    assert_eq!(rooms.routing.router.exchange.to_string(), "rooms.events");
     assert_eq!(rooms.routing.router.routes.len(), 1);
     assert_eq!(rooms.routing.exchange_type, "fanout");
     assert_eq!(rooms.routing.key_header, "room");
@@ -140,7 +140,7 @@ table = "orders_outbox"
 [[outboxes]]
 name = "Bad Name"
 table = "x"
-routing_key = "{nope}"
+routing_key = "{no pe}"
 "#,
         &[],
     )
@@ -321,4 +321,94 @@ fn an_environment_variable_naming_no_outbox_is_rejected() {
         error.contains("OUTBOX_RELAY__OUTBOXES__ORDERS__TABLE"),
         "{error}"
     );
+}
+
+#[test]
+fn header_columns_and_column_placeholders_become_the_columns_a_claim_reads() {
+    let config = load(
+        r#"
+[[outboxes]]
+name = "orders"
+table = "outbox"
+exchange = "outbox.{aggregatetype}"
+routing_key = "outbox.event.{aggregatetype}"
+content_type = "application/avro"
+content_type_column = "ctype"
+[outboxes.header_columns]
+tenant = "tenant_id"
+attempt = { column = "attempt", type = "integer" }
+[[outboxes.routes]]
+column = "region"
+pattern = "eu.#"
+exchange = "eu.events"
+"#,
+        &[],
+    )
+    .unwrap();
+    let orders = &config.outboxes[0];
+    let reads: Vec<(&str, outbox_core::ValueKind)> = orders
+        .columns
+        .extra
+        .iter()
+        .map(|read| (read.column.as_str(), read.kind))
+        .collect();
+    use outbox_core::ValueKind::{Integer, Text};
+    assert_eq!(
+        reads,
+        [
+            ("aggregatetype", Text),
+            ("region", Text),
+            ("attempt", Integer),
+            ("tenant_id", Text),
+            ("ctype", Text)
+        ]
+    );
+    assert_eq!(orders.routing.extra.reads().len(), 5);
+    assert_eq!(
+        orders.routing.content_type.as_deref(),
+        Some("application/avro")
+    );
+}
+
+#[test]
+fn header_columns_that_shadow_the_relays_headers_or_have_no_type_are_refused() {
+    let error = load(
+        r#"
+[amqp.header_columns]
+outbox_id = "id"
+room_id = "room"
+flag = { column = "flag", type = "bool" }
+t = { column = "Bad Column" }
+"#,
+        &[],
+    )
+    .unwrap_err();
+    for expected in [
+        "amqp.header_columns.outbox_id",
+        "amqp.header_columns.room_id",
+        "amqp.header_columns.flag.type",
+        "\"bool\" is not a type; accepted: text, integer, boolean, uuid, timestamp",
+        "amqp.header_columns.t",
+    ] {
+        assert!(
+            error.contains(expected),
+            "missing {expected:?} in:\n{error}"
+        );
+    }
+}
+
+#[test]
+fn the_worker_field_names_each_outbox_unless_relay_name_is_set() {
+    let two = "[[outboxes]]\nname = \"orders\"\ntable = \"orders_outbox\"\n\
+               [[outboxes]]\nname = \"rooms\"\ntable = \"room_outbox\"";
+    let config = load(two, &[]).unwrap();
+    let workers: Vec<String> = config
+        .outboxes
+        .iter()
+        .map(|outbox| outbox.relay_options(&config.relay).name)
+        .collect();
+    assert_eq!(workers, ["orders", "rooms"]);
+    assert_eq!(config.relay.name, "orders", "the first outbox's");
+    let named = load(&format!("[relay]\nname = \"legacy\"\n{two}"), &[]).unwrap();
+    assert_eq!(named.outboxes[1].relay_options(&named.relay).name, "legacy");
 }
