@@ -2,10 +2,10 @@
 //! rows still to send and the dead stay; room order and at-least-once hold as with `keep`.
 
 use outbox_tests::{
-    assert_every_event_delivered, eventually, own_room_events as events, per_backend, seed,
-    Backend, TestApp,
+    assert_every_event_delivered, own_room_events as events, per_backend, seed, Backend, TestApp,
 };
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -14,16 +14,16 @@ async fn delete_leaves_only_the_rows_still_to_send_and_the_dead(backend: Backend
         .binding("room.#")
         .settings(|settings| {
             settings.relay.published_rows = "delete".into();
-            settings.relay.max_attempts = 2;
-            settings.relay.retry_interval = "50ms".into();
         })
         .build()
         .await;
     let live = events("live", 300, 30);
     seed(&app.database, &live).await;
-    // Unroutable (the queue binds `room.#`): retried once, then dead — and kept.
+    // Headers that are no JSON object: invalid, so dead at once — and kept. (Not an
+    // unroutable event: RabbitMQ's return of one is at times attached by the client to
+    // another message's confirm; see the closing note of issue 28.)
     let mut orphan = events("orphan", 1, 1);
-    orphan[0].event_type = "orphan.created".into();
+    orphan[0].headers = Some("not json".into());
     seed(&app.database, &orphan).await;
     // Not publishable for a day: stays pending, and stays.
     let held = events("held", 3, 3);
@@ -39,15 +39,35 @@ async fn delete_leaves_only_the_rows_still_to_send_and_the_dead(backend: Backend
     let later = events("later", 100, 10);
     seed(&app.database, &later).await;
     let database = &app.database;
-    eventually(
-        "published rows deleted, the orphan dead",
-        DEADLINE,
-        || async {
-            let rows = database.rows().await;
-            rows.len() == 4 && rows.iter().any(|row| row.status == "dead")
-        },
-    )
-    .await;
+    // By hand rather than `eventually`: a timeout says what the table still holds.
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let rows = database.rows().await;
+        if rows.len() == 4 && rows.iter().any(|row| row.status == "dead") {
+            break;
+        }
+        if Instant::now() > until {
+            let mut left = BTreeMap::new();
+            for row in &rows {
+                let group = row.event_id.split('-').next().unwrap_or("").to_owned();
+                let leased = row.locked_by.is_some();
+                *left.entry((group, row.status.clone(), leased)).or_insert(0) += 1;
+            }
+            panic!(
+                "after {DEADLINE:?} the table still holds (group, status, leased) → rows: \
+                 {left:?}; received {} messages, of which not live or later: {:?}",
+                app.broker.received().len(),
+                app.broker
+                    .received()
+                    .iter()
+                    .filter(|m| !m.message_id.starts_with("live-")
+                        && !m.message_id.starts_with("later-"))
+                    .map(|m| (m.message_id.clone(), m.routing_key.clone()))
+                    .collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     app.stop().await;
 
     let received = app.broker.received();

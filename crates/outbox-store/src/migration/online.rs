@@ -142,7 +142,27 @@ pub(super) async fn finish(db: &DatabaseConnection, cx: &Context<'_>) -> Result<
     if nullable {
         backfill(db, cx).await?;
     }
+    // A position unique already (the primary key of a table the relay created, or a
+    // producer's own index) needs no second index: every insert and every mark would pay
+    // an entry in it (issue 28).
+    let mut params = Params::new(Dialect::Postgres);
+    let (table, column) = (params.bind(t.as_str()), params.bind(position));
+    let unique = db
+        .query_one(params.statement(format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a \
+             ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+             WHERE i.indrelid = to_regclass({table}) AND i.indisunique AND i.indnatts = 1 \
+             AND i.indisvalid AND a.attname = {column}) AS unique_position"
+        )))
+        .await?
+        .map(|row| row.try_get::<bool>("", "unique_position"))
+        .transpose()?
+        .unwrap_or(false);
+    let position_index = format!(" {} ON ", t.index(Index::Position));
     for statement in concurrent_indexes(cx) {
+        if unique && statement.contains(&position_index) {
+            continue;
+        }
         drop_if_invalid(db, &statement).await?;
         db.execute_unprepared(&statement).await?;
     }
