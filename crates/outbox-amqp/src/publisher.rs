@@ -26,6 +26,53 @@ pub struct AmqpPublisher {
     link: Arc<Link>,
     /// Where its outbox's messages go, and the header of their ordering key.
     routing: Arc<Routing>,
+    /// The message ids of returned (unroutable) messages whose own confirm has not been
+    /// seen yet ([`Returns`]).
+    returns: Arc<Returns>,
+}
+
+/// Returned messages, matched to their publishes by message id (the event id).
+///
+/// With `mandatory`, RabbitMQ sends a message's `basic.return` before its `basic.ack`, but
+/// one ack may confirm several messages (`multiple`), and a return carries no delivery
+/// tag: lapin (4.12) hands the waiting return to the first confirm it resolves, and it
+/// resolves an ack's confirms in no particular order (a hash map's), so the return often
+/// comes with another message's confirm. Taken as it came, that message failed as
+/// unroutable (and went out again, or dead with `max_attempts`). So every return is noted
+/// here by its message id, and a publish is unroutable only when its own id was returned:
+/// a routable message is never failed for another's return. Still open: the unroutable
+/// message's own bare ack may be read before the confirm that carries its return, and then
+/// it counts as published (docs/design.md#publishing, "Returns").
+#[derive(Debug, Default)]
+struct Returns {
+    ids: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Returns {
+    /// Most returns noted at once; beyond, the oldest notes are dropped (a note whose
+    /// publish had already been decided would otherwise stay for good).
+    const MAX: usize = 10_000;
+
+    /// Notes `returned` (if any) and says whether `own` was returned.
+    fn returned(&self, own: &str, returned: Option<&lapin::message::BasicReturnMessage>) -> bool {
+        let mut ids = self
+            .ids
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(message) = returned {
+            match message.delivery.properties.message_id() {
+                Some(id) => {
+                    if ids.len() >= Self::MAX {
+                        ids.clear();
+                    }
+                    ids.insert(id.to_string());
+                }
+                // Not one of ours (every relayed message has an id): as lapin says.
+                None => return true,
+            }
+        }
+        ids.remove(own)
+    }
 }
 
 impl AmqpPublisher {
@@ -34,6 +81,7 @@ impl AmqpPublisher {
             channel: Mutex::new(Some(channel)),
             link,
             routing,
+            returns: Arc::default(),
         }
     }
 
@@ -148,6 +196,8 @@ impl EventPublisher for AmqpPublisher {
         };
         let exchange = exchange.to_owned();
         let link = Arc::clone(&self.link);
+        let returns = Arc::clone(&self.returns);
+        let event_id = record.event_id.clone();
         Ok(Box::pin(async move {
             let outcome = match within(&mut clock, timeout, confirm).await {
                 Err(timed_out) => Err(timed_out),
@@ -157,13 +207,22 @@ impl EventPublisher for AmqpPublisher {
                     }
                     Err(channel_error(error))
                 }
-                // With `mandatory`, an unroutable message comes back as an ack that
-                // carries the returned message: only a bare ack is a success.
-                Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-                Ok(Ok(Confirmation::Ack(Some(_)))) => Err(PublishError::Unroutable {
-                    exchange,
-                    routing_key,
-                }),
+                // With `mandatory`, an unroutable message comes back before its ack; the
+                // return may arrive with another message's confirm ([`Returns`]).
+                Ok(Ok(Confirmation::Ack(returned))) => {
+                    if returned.is_none() {
+                        // Let the confirms this ack resolved beside ours be read first: one
+                        // of them may carry our return.
+                        tokio::task::yield_now().await;
+                    }
+                    match returns.returned(&event_id, returned.as_ref()) {
+                        false => Ok(()),
+                        true => Err(PublishError::Unroutable {
+                            exchange,
+                            routing_key,
+                        }),
+                    }
+                }
                 Ok(Ok(Confirmation::Nack(_))) => Err(PublishError::Nacked {
                     exchange,
                     routing_key,
