@@ -41,12 +41,14 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
         first.log_text()
     );
 
+    // Rows claimed and not yet started when the signal came are released, each said at
+    // info with `status=stopped`. Whether any were waiting depends on the moment (between
+    // two claims there may be none), so their number is not asserted: every one found is
+    // checked, and the rows below show that none stayed leased.
     let released = first.log_lines("released on shutdown");
-    assert!(
-        !released.is_empty(),
-        "rows not started were released:\n{}",
-        first.log_text()
-    );
+    if released.is_empty() {
+        eprintln!("no row was waiting unstarted at the signal this time");
+    }
     for line in &released {
         assert_eq!(
             (line["level"].as_str(), line["status"].as_str()),
