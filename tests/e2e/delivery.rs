@@ -2,7 +2,9 @@
 //! `docs/design.md#publishing`, in room order.
 
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
-use outbox_tests::{event, per_backend, room_events, seed, Backend, Received, TestApp};
+use outbox_tests::{
+    event, per_backend, room_events, seed, Backend, Received, RelayProcess, TestApp,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -173,12 +175,18 @@ async fn postgres_wake_ups_deliver_without_waiting_for_the_poll() {
 
 /// A producer's transaction that took its id before a backlog and commits while the relay
 /// drains it, its claims starting at a scan floor above that id (docs/design.md, "The scan
-/// floor"): the late row is delivered, and before the row its room gets after it.
+/// floor"): the late row is delivered, and before the row its room gets after it. The
+/// relay runs as a process with the Fetcher's debug log, whose `claimed` lines give the
+/// floor each claim started from, so the test knows the floor passed the late row.
 #[actix_rt::test]
 async fn postgres_a_late_commit_below_the_scan_floor_keeps_its_room_order() {
-    use sea_orm::TransactionTrait as _;
-    let mut app = TestApp::on(Backend::Postgres)
-        .settings(|settings| settings.relay.batch_size = 20)
+    use sea_orm::{ConnectionTrait as _, TransactionTrait as _};
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.relay.batch_size = 20;
+            settings.log.format = "json".into();
+            settings.log.level = "info,outbox_relay::fetcher=debug".into();
+        })
         .build()
         .await;
     let late = event("late-1", "room-late");
@@ -186,18 +194,40 @@ async fn postgres_a_late_commit_below_the_scan_floor_keeps_its_room_order() {
     outbox_store::insert_events(&txn, &app.database.table, std::slice::from_ref(&late))
         .await
         .unwrap();
+    let late_id: i64 = txn
+        .query_one(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            format!(
+                "SELECT id FROM {} WHERE event_id = 'late-1'",
+                app.database.table
+            ),
+        ))
+        .await
+        .unwrap()
+        .expect("late-1 in its transaction")
+        .try_get_by_index(0)
+        .unwrap();
     let backlog = room_events("backlog", 6_000, 40);
     seed(&app.database, &backlog).await;
-    app.start().await;
-    // A quarter delivered: claims have come back full from a floor above late-1's id.
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    // A quarter delivered, and a claim has started from a floor above late-1's id.
     app.broker.wait_for(1_500, Duration::from_secs(60)).await;
+    let floors: Vec<i64> = relay
+        .log_lines("claimed")
+        .iter()
+        .filter_map(|line| line["floor"].as_i64())
+        .collect();
+    assert!(
+        floors.iter().any(|floor| *floor > late_id),
+        "no claim started from a floor above late-1 (id {late_id}): floors {floors:?}"
+    );
     txn.commit().await.unwrap();
     let next = event("late-2", "room-late");
     seed(&app.database, std::slice::from_ref(&next)).await;
     app.broker
         .wait_for(backlog.len() + 2, Duration::from_secs(60))
         .await;
-    app.stop().await;
+    relay.stop(Duration::from_secs(30)).await;
     let received = app.broker.drain(Duration::from_secs(30)).await;
     let position = |id: &str| {
         received

@@ -282,30 +282,21 @@ impl Drop for TestBroker {
             return;
         }
         let (url, exchange) = (self.url.clone(), self.exchange.clone());
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                let work = async {
-                    let connection =
-                        Connection::connect(&url, ConnectionProperties::default()).await?;
-                    let channel = connection.create_channel().await?;
-                    delete_exchange(&channel, &exchange).await?;
-                    connection.close(200, "teardown".into()).await
-                };
-                match tokio::time::timeout(Duration::from_secs(10), work).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(error)) => {
-                        eprintln!("teardown: exchange {exchange} not deleted: {error}")
-                    }
-                    Err(_) => eprintln!("teardown: exchange {exchange} not deleted within 10 s"),
-                }
-            });
+        crate::services::cleanup_off_runtime(format!("exchange {exchange}"), move || async move {
+            let connection = Connection::connect(&url, ConnectionProperties::default())
+                .await
+                .map_err(|error| error.to_string())?;
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|error| error.to_string())?;
+            delete_exchange(&channel, &exchange)
+                .await
+                .map_err(|error| error.to_string())?;
+            connection
+                .close(200, "teardown".into())
+                .await
+                .map_err(|error| error.to_string())
         });
-        if cleanup.join().is_err() {
-            eprintln!("teardown: deleting the exchange of a failed test panicked");
-        }
     }
 }

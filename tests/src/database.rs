@@ -202,32 +202,16 @@ impl Drop for TestDatabase {
         if backend == DbBackend::Sqlite {
             return;
         }
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                let work = async {
-                    let db = outbox_store::connect(&url, 1)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    for sql in drop_statements(&table, backend) {
-                        let _ = db.execute(Statement::from_string(backend, sql)).await;
-                    }
-                    let _ = db.close().await;
-                    Ok::<_, String>(())
-                };
-                match tokio::time::timeout(std::time::Duration::from_secs(10), work).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(error)) => eprintln!("teardown: table {table} not dropped: {error}"),
-                    Err(_) => eprintln!("teardown: table {table} not dropped within 10 s"),
-                }
-            });
+        crate::services::cleanup_off_runtime(format!("table {table}"), move || async move {
+            let db = outbox_store::connect(&url, 1)
+                .await
+                .map_err(|error| error.to_string())?;
+            for sql in drop_statements(&table, backend) {
+                let _ = db.execute(Statement::from_string(backend, sql)).await;
+            }
+            let _ = db.close().await;
+            Ok(())
         });
-        if cleanup.join().is_err() {
-            eprintln!("teardown: dropping the table of a failed test panicked");
-        }
     }
 }
 

@@ -98,3 +98,29 @@ pub fn skip(test: &str, why: &str, how_to_enable: &str) {
     }
     eprintln!("SKIPPED {test}: {why}; to run it: {how_to_enable}");
 }
+
+/// Teardown after a failed test: runs `work` (deleting what `what` names) on a thread and
+/// runtime of its own, off the test's runtime (which may be unwinding), bounded by 10 s;
+/// logs a failure instead of panicking, so the failed test keeps its own message.
+pub fn cleanup_off_runtime<F>(what: String, work: impl FnOnce() -> F + Send + 'static)
+where
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    let label = what.clone();
+    let cleanup = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            match tokio::time::timeout(Duration::from_secs(10), work()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => eprintln!("teardown: {what} not removed: {error}"),
+                Err(_) => eprintln!("teardown: {what} not removed within 10 s"),
+            }
+        });
+    });
+    if cleanup.join().is_err() {
+        eprintln!("teardown: removing {label} of a failed test panicked");
+    }
+}

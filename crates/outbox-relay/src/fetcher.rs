@@ -287,7 +287,7 @@ impl Handler<Tick> for Fetcher {
                         fetcher.publishers[index].publish.do_send(Publish(record));
                     }
                     if claimed > 0 {
-                        debug!(outbox = %fetcher.outbox, claimed, bytes, in_flight = fetcher.in_flight, in_flight_bytes = fetcher.in_flight_bytes, ?took, "claimed");
+                        debug!(outbox = %fetcher.outbox, claimed, bytes, in_flight = fetcher.in_flight, in_flight_bytes = fetcher.in_flight_bytes, floor = asked, ?took, "claimed");
                     }
                     TickReport { claimed, full }
                 }
