@@ -17,6 +17,7 @@
 mod blocking;
 pub mod broker;
 pub mod cluster;
+mod confirms;
 mod handoff;
 pub mod message;
 pub mod preflight;

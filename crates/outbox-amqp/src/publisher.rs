@@ -1,6 +1,7 @@
 //! [`AmqpPublisher`]: the [`EventPublisher`] port on one confirm channel.
 
 use crate::broker::{Link, Routing};
+use crate::confirms::Confirms;
 use crate::message::{check_body, outbox_properties, OutboxLabels};
 use crate::span::PublishSpan;
 use async_trait::async_trait;
@@ -20,76 +21,33 @@ pub(crate) const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_
 /// once the message is handed to the channel, and the returned future awaits the confirm.
 /// A channel that closed (a channel error, or the connection lost) is replaced by a new
 /// one from the link on the next publish; only this publisher's channel is affected.
+/// Confirms are read through the channel's [`Confirms`], which matches each
+/// `basic.return` to its own message (docs/design.md#publishing, "Returns").
 #[derive(Debug)]
 pub struct AmqpPublisher {
-    channel: Mutex<Option<Channel>>,
+    channel: Mutex<Option<(Channel, Arc<Confirms>)>>,
     link: Arc<Link>,
     /// Where its outbox's messages go, and the header of their ordering key.
     routing: Arc<Routing>,
-    /// The message ids of returned (unroutable) messages whose own confirm has not been
-    /// seen yet ([`Returns`]).
-    returns: Arc<Returns>,
-}
-
-/// Returned messages, matched to their publishes by message id (the event id).
-///
-/// With `mandatory`, RabbitMQ sends a message's `basic.return` before its `basic.ack`, but
-/// one ack may confirm several messages (`multiple`), and a return carries no delivery
-/// tag: lapin (4.12) hands the waiting return to the first confirm it resolves, and it
-/// resolves an ack's confirms in no particular order (a hash map's), so the return often
-/// comes with another message's confirm. Taken as it came, that message failed as
-/// unroutable (and went out again, or dead with `max_attempts`). So every return is noted
-/// here by its message id, and a publish is unroutable only when its own id was returned:
-/// a routable message is never failed for another's return. Still open: the unroutable
-/// message's own bare ack may be read before the confirm that carries its return, and then
-/// it counts as published (docs/design.md#publishing, "Returns").
-#[derive(Debug, Default)]
-struct Returns {
-    ids: std::sync::Mutex<std::collections::HashSet<String>>,
-}
-
-impl Returns {
-    /// Most returns noted at once; beyond, the oldest notes are dropped (a note whose
-    /// publish had already been decided would otherwise stay for good).
-    const MAX: usize = 10_000;
-
-    /// Notes `returned` (if any) and says whether `own` was returned.
-    fn returned(&self, own: &str, returned: Option<&lapin::message::BasicReturnMessage>) -> bool {
-        let mut ids = self
-            .ids
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(message) = returned {
-            match message.delivery.properties.message_id() {
-                Some(id) => {
-                    if ids.len() >= Self::MAX {
-                        ids.clear();
-                    }
-                    ids.insert(id.to_string());
-                }
-                // Not one of ours (every relayed message has an id): as lapin says.
-                None => return true,
-            }
-        }
-        ids.remove(own)
-    }
 }
 
 impl AmqpPublisher {
     pub(crate) fn new(channel: Channel, link: Arc<Link>, routing: Arc<Routing>) -> Self {
         Self {
-            channel: Mutex::new(Some(channel)),
+            channel: Mutex::new(Some((channel, Arc::default()))),
             link,
             routing,
-            returns: Arc::default(),
         }
     }
 
-    /// The open channel, or a new one.
-    async fn channel(&self) -> Result<Channel, PublishError> {
+    /// The open channel and its confirms, or a new one.
+    async fn channel(&self) -> Result<(Channel, Arc<Confirms>), PublishError> {
         let mut slot = self.channel.lock().await;
-        if let Some(channel) = slot.as_ref().filter(|channel| channel.status().connected()) {
-            return Ok(channel.clone());
+        if let Some((channel, confirms)) = slot
+            .as_ref()
+            .filter(|(channel, _)| channel.status().connected())
+        {
+            return Ok((channel.clone(), Arc::clone(confirms)));
         }
         *slot = None;
         let channel = self
@@ -97,8 +55,9 @@ impl AmqpPublisher {
             .confirm_channel()
             .await
             .map_err(|error| PublishError::Channel(error.to_string()))?;
-        *slot = Some(channel.clone());
-        Ok(channel)
+        let confirms = Arc::<Confirms>::default();
+        *slot = Some((channel.clone(), Arc::clone(&confirms)));
+        Ok((channel, confirms))
     }
 }
 
@@ -163,7 +122,7 @@ impl EventPublisher for AmqpPublisher {
         let properties = outbox_properties(record, &settings.message, &labels)?;
         let (properties, span) = PublishSpan::start(record, exchange, &routing_key, properties);
         let handed_off = async {
-            let channel = within(&mut clock, timeout, self.channel()).await??;
+            let (channel, confirms) = within(&mut clock, timeout, self.channel()).await??;
             // Held until lapin wrote the body: at most HANDOFF_BYTES queued there, so a
             // large body is not held twice for every record in flight (handoff.rs).
             let _queued = within(
@@ -176,6 +135,7 @@ impl EventPublisher for AmqpPublisher {
                 mandatory: true,
                 ..BasicPublishOptions::default()
             };
+            let ticket = confirms.begin();
             let handed_off = channel.basic_publish(
                 exchange.into(),
                 routing_key.as_str().into(),
@@ -183,12 +143,13 @@ impl EventPublisher for AmqpPublisher {
                 &record.envelope,
                 properties,
             );
-            within(&mut clock, timeout, handed_off)
+            let confirm = within(&mut clock, timeout, handed_off)
                 .await?
-                .map_err(channel_error)
+                .map_err(channel_error)?;
+            Ok((ticket.handed(confirm, &record.event_id), channel, confirms))
         };
-        let confirm = match handed_off.await {
-            Ok(confirm) => confirm,
+        let (confirm, channel, confirms) = match handed_off.await {
+            Ok(handed) => handed,
             Err(error) => {
                 span.end(Err(&error));
                 return Err(error);
@@ -196,7 +157,6 @@ impl EventPublisher for AmqpPublisher {
         };
         let exchange = exchange.to_owned();
         let link = Arc::clone(&self.link);
-        let returns = Arc::clone(&self.returns);
         let event_id = record.event_id.clone();
         Ok(Box::pin(async move {
             let outcome = match within(&mut clock, timeout, confirm).await {
@@ -207,17 +167,14 @@ impl EventPublisher for AmqpPublisher {
                     }
                     Err(channel_error(error))
                 }
-                // With `mandatory`, an unroutable message comes back before its ack; the
-                // return may arrive with another message's confirm ([`Returns`]).
-                Ok(Ok(Confirmation::Ack(returned))) => {
-                    if returned.is_none() {
-                        // Let the confirms this ack resolved beside ours be read first: one
-                        // of them may carry our return.
-                        tokio::task::yield_now().await;
-                    }
-                    match returns.returned(&event_id, returned.as_ref()) {
-                        false => Ok(()),
-                        true => Err(PublishError::Unroutable {
+                // With `mandatory`, an unroutable message comes back before its ack,
+                // perhaps with another message's confirm: decided once every confirm that
+                // could carry it has been read ([`Confirms::settle`]).
+                Ok(Ok(Confirmation::Ack(_))) => {
+                    match within(&mut clock, timeout, confirms.settle(&channel, &event_id)).await {
+                        Err(timed_out) => Err(timed_out),
+                        Ok(false) => Ok(()),
+                        Ok(true) => Err(PublishError::Unroutable {
                             exchange,
                             routing_key,
                         }),
@@ -237,7 +194,7 @@ impl EventPublisher for AmqpPublisher {
     }
 
     async fn close(&self) {
-        if let Some(channel) = self.channel.lock().await.take() {
+        if let Some((channel, _)) = self.channel.lock().await.take() {
             // A stalled broker never answers the close: do not let it hold up shutdown.
             let closing = channel.close(200, "publisher stopping".into());
             let _ = tokio::time::timeout(self.link.close_timeout(), closing).await;
