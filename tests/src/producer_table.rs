@@ -17,10 +17,11 @@ impl ProducerTable {
     /// A fresh test database on `backend`; the table's name starts with `prefix` and is
     /// not created yet.
     pub async fn new(backend: Backend, prefix: &str) -> Self {
-        Self {
-            database: TestDatabase::new(backend).await,
-            table: TableName::parse(&unique_name(prefix)).expect("a valid table name"),
-        }
+        let mut database = TestDatabase::new(backend).await;
+        let table = TableName::parse(&unique_name(prefix)).expect("a valid table name");
+        // Dropped with the test database's own table, even when the test fails.
+        database.drop_also(&table);
+        Self { database, table }
     }
 
     /// The database's backend.
@@ -112,7 +113,6 @@ impl ProducerTable {
 
     /// Drops the table, its companions and the test database's own table.
     pub async fn finish(self) {
-        self.database.drop_outbox(&self.table).await;
         self.database.drop_table().await;
     }
 }

@@ -389,6 +389,7 @@ pub async fn migrate_columns(
                 Err(Error::Database(error))
                     if online::is_lock_timeout(&error) && attempt < online::LOCK_ATTEMPTS =>
                 {
+                    online::log_retry(table, migration.name, attempt);
                     tokio::time::sleep(online::retry_delay(attempt)).await;
                 }
                 done => break done,
