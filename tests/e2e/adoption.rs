@@ -20,10 +20,12 @@ use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// The `lock_timeout` every migration statement runs under on PostgreSQL
-/// (docs/operations.md, "A large live table"): the longest an insert may queue behind a
-/// migration statement that waits for its lock.
-const LOCK_TIMEOUT: Duration = Duration::from_millis(100);
+/// The longest a producer's insert may take while `migrate` adopts its table: the issue's
+/// goal, 200 ms. The 100 ms `lock_timeout` every migration statement runs under on
+/// PostgreSQL (docs/operations.md, "A large live table") is the longest an insert queues
+/// behind a statement waiting for its lock; the rest is the insert's own work and the
+/// milliseconds of a catalogue change once the lock is granted.
+const INSERT_BOUND: Duration = Duration::from_millis(200);
 
 /// The step that numbers the existing rows and builds the indexes `CONCURRENTLY`.
 const FINISH: &str = "m20261204_000006_finish_room_outbox_adoption";
@@ -228,8 +230,9 @@ const HOLD: Duration = Duration::from_secs(6);
 /// A transaction elsewhere has read the table (`ACCESS SHARE`, which the adoption's
 /// `ALTER TABLE … ADD COLUMN` and its `ACCESS EXCLUSIVE` must wait for) and stays open for
 /// [`HOLD`]. `migrate` gives up after the lock timeout and tries again (logging each
-/// retry) instead of queueing: no producer insert waits more than the lock timeout (plus
-/// [`outbox_tests::MARGIN`] for a loaded machine); `migrate` ends after the transaction did,
+/// retry) instead of queueing: no producer insert takes more than [`INSERT_BOUND`] (plus
+/// [`outbox_tests::MARGIN`] for a loaded machine; an `ALTER` queued without a timeout
+/// holds inserts up for the whole [`HOLD`]); `migrate` ends after the transaction did,
 /// with the table adopted.
 #[actix_rt::test]
 async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
@@ -269,18 +272,24 @@ async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
         ended > released,
         "migrate ended before the long transaction let its lock go"
     );
-    let retries = log
-        .lines()
-        .filter(|line| line.contains("gave up waiting for a lock on the table"))
-        .count();
-    assert!(
-        retries >= 1,
-        "migrate logged no retry, so it never waited for the lock:\n{log}"
-    );
     let during: Vec<&Insert> = inserts
         .iter()
         .filter(|insert| insert.started >= started && insert.started < ended)
         .collect();
+    let worst = during
+        .iter()
+        .map(|insert| insert.took)
+        .max()
+        .expect("inserts while migrate ran");
+    eprintln!(
+        "{} inserts while migrate ran, the worst {worst:?}",
+        during.len()
+    );
+    assert_within(
+        "the worst producer insert while migrate waited out a long transaction",
+        worst,
+        INSERT_BOUND,
+    );
     let while_held = during
         .iter()
         .filter(|insert| insert.started < released)
@@ -291,20 +300,15 @@ async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
         while_held >= 50,
         "{while_held} inserts while the lock was held: the producer was held up"
     );
-    let worst = during
-        .iter()
-        .map(|insert| insert.took)
-        .max()
-        .expect("inserts while migrate ran");
-    eprintln!(
-        "{} inserts while migrate ran ({retries} retries logged), the worst {worst:?}",
-        during.len()
+    let retries = log
+        .lines()
+        .filter(|line| line.contains("gave up waiting for a lock on the table"))
+        .count();
+    assert!(
+        retries >= 1,
+        "migrate logged no retry, so it never waited for the lock:\n{log}"
     );
-    assert_within(
-        "the worst producer insert while migrate waited out a long transaction",
-        worst,
-        LOCK_TIMEOUT,
-    );
+    eprintln!("{retries} retries logged");
     assert_adopted(&fixture).await;
     broker.close().await;
     fixture.finish().await;
