@@ -185,6 +185,27 @@ fn label(wait: &str) -> &str {
     }
 }
 
+const BACKFILL: &str = "the backfill (UPDATE)";
+const INDEX: &str = "an index build (CREATE INDEX)";
+const ALTER: &str = "an ALTER TABLE";
+const OTHER: &str = "another statement";
+/// The phases, the one named first when several were sampled during an insert.
+const PHASES: [&str; 4] = [BACKFILL, INDEX, ALTER, OTHER];
+
+/// Which of the migration's phases `query` belongs to.
+fn phase(query: &str) -> &'static str {
+    let query = query.trim_start();
+    if query.starts_with("UPDATE") {
+        BACKFILL
+    } else if query.starts_with("CREATE UNIQUE INDEX") || query.starts_with("CREATE INDEX") {
+        INDEX
+    } else if query.starts_with("ALTER") {
+        ALTER
+    } else {
+        OTHER
+    }
+}
+
 /// `n×label` of each distinct label, most frequent first.
 fn tally<'a>(waits: impl Iterator<Item = &'a str>) -> String {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
@@ -224,6 +245,31 @@ impl Waits {
             .iter()
             .take_while(|insert| insert.took > slow)
             .count();
+        let meanwhile = |insert: &Insert| {
+            let end = insert.started + insert.took;
+            (self.samples.iter())
+                .filter(|sample| sample.at >= insert.started && sample.at <= end)
+                .filter(|sample| !self.producers.contains(&sample.session))
+                .map(|sample| phase(&sample.query))
+                .min_by_key(|phase| PHASES.iter().position(|p| p == phase))
+                .unwrap_or("nothing sampled")
+        };
+        println!(
+            "inserts > {slow:?} by what the migration ran meanwhile: {}",
+            tally(slowest[..over].iter().map(|insert| meanwhile(insert)))
+        );
+        let migration: Vec<&Sample> = (self.samples.iter())
+            .filter(|sample| !self.producers.contains(&sample.session))
+            .collect();
+        for name in [BACKFILL, INDEX] {
+            let seen: Vec<f64> = (migration.iter())
+                .filter(|sample| phase(&sample.query) == name)
+                .map(|sample| sample.at.saturating_duration_since(from).as_secs_f64())
+                .collect();
+            if let (Some(first), Some(last)) = (seen.first(), seen.last()) {
+                println!("{name} sampled from +{first:.1} s to +{last:.1} s");
+            }
+        }
         for insert in slowest.iter().take(over.clamp(3, 10)) {
             let end = insert.started + insert.took;
             let within = |sample: &&Sample| sample.at >= insert.started && sample.at <= end;
@@ -235,11 +281,10 @@ impl Waits {
                 .map(|(_, lag)| *lag)
                 .max()
                 .unwrap_or_default();
-            let mut others: Vec<String> = (self.samples.iter().filter(within))
+            let others: std::collections::BTreeSet<String> = (self.samples.iter().filter(within))
                 .filter(|sample| !self.producers.contains(&sample.session))
-                .map(|sample| format!("[{}] {}", label(&sample.wait), sample.query))
+                .map(|sample| format!("[{}] {}", label(&sample.wait), phase(&sample.query)))
                 .collect();
-            others.dedup();
             println!(
                 "  insert at +{:.3} s took {:.0} ms; the bench's runtime woke up to {:.0} ms late \
                  meanwhile; the insert's session sampled: {}; migration meanwhile: {}",
@@ -250,7 +295,7 @@ impl Waits {
                 if others.is_empty() {
                     "nothing sampled".to_owned()
                 } else {
-                    others.join(" | ")
+                    others.into_iter().collect::<Vec<_>>().join(", ")
                 }
             );
         }
