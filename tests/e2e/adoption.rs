@@ -507,6 +507,8 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
                     "a metadata lock for an instant change where the server allows",
                     "an AUTO_INCREMENT position copies the table, blocking writes for as long",
                     "ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds",
+                    "waits for the metadata lock behind any transaction open on the table, \
+                     without a short timeout, and inserts queue behind it meanwhile",
                 ],
             );
             for (step, lock) in &locks {
