@@ -222,9 +222,10 @@ async fn assert_adopted(fixture: &Fixture) {
     assert_eq!(recorded, 1, "{FINISH} recorded");
 }
 
-/// How long the long transaction holds its lock: far over the lock timeout plus the
-/// margin, so an `ALTER` queued without a timeout would make inserts wait visibly longer
-/// than the bound; far under the retries' three minutes.
+/// How long the long transaction holds its lock once `migrate` was seen waiting for it:
+/// far over the insert bound plus the margin, so an `ALTER` queued without a timeout
+/// would make inserts wait visibly longer than the bound; far under the retries' three
+/// minutes.
 const HOLD: Duration = Duration::from_secs(6);
 
 /// A transaction elsewhere has read the table (`ACCESS SHARE`, which the adoption's
@@ -256,7 +257,25 @@ async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
 
     let started = Instant::now();
     let migrating = actix_rt::spawn(migrate(SettingsFile::write(&settings), &["migrate"]));
-    // The long transaction's length is the scenario: it ends after HOLD, whatever
+    // Seen once waiting (100 ms of each try), however long the binary took to start.
+    let db = fixture.database.db();
+    eventually(
+        "migrate's ALTER waiting for the table's lock",
+        DEADLINE,
+        || async {
+            number(
+                db,
+                &format!(
+                    "SELECT count(*) FROM pg_locks WHERE relation = '{t}'::regclass \
+                     AND mode = 'AccessExclusiveLock' AND NOT granted"
+                ),
+            )
+            .await
+                > 0
+        },
+    )
+    .await;
+    // The long transaction's length is the scenario: it goes on for HOLD more, whatever
     // `migrate` does meanwhile.
     tokio::time::sleep(HOLD).await;
     long.rollback().await.expect("the long transaction ends");
