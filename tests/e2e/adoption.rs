@@ -7,7 +7,7 @@
 use outbox_cli::settings::{ColumnsSettings, OutboxSettings, Settings};
 use outbox_store::TableName;
 use outbox_tests::output::{stderr, succeeded};
-use outbox_tests::producer_table::ProducerTable as Fixture;
+use outbox_tests::producer_table::{ProducerTable as Fixture, TableGuard};
 use outbox_tests::{
     assert_within, eventually, seed, test_settings, Backend, RelayProcess, SettingsFile,
     TestBroker, TestDatabase,
@@ -620,8 +620,7 @@ async fn the_worker_field_names_the_outbox() {
 
     // Two outboxes: each its own worker.
     let orders = TableName::parse(&outbox_tests::unique_name("e2e_orders")).unwrap();
-    let mut database = database;
-    database.drop_also(&orders);
+    let orders_guard = TableGuard::new(&database, &orders);
     outbox_store::migrate(database.db(), &orders)
         .await
         .expect("migrated");
@@ -656,5 +655,7 @@ async fn the_worker_field_names_the_outbox() {
         assert_eq!(published[id]["outbox"], outbox, "{id}: {:?}", published[id]);
     }
     broker.close().await;
+    database.drop_outbox(&orders).await;
+    orders_guard.disarm();
     database.drop_table().await;
 }

@@ -28,9 +28,6 @@ pub struct TestDatabase {
     file: Option<PathBuf>,
     /// Set once [`TestDatabase::drop_table`] ran; until then, dropping cleans up.
     dropped: bool,
-    /// Tables of the test's own beside [`TestDatabase::table`], dropped with it, even
-    /// when the test fails ([`TestDatabase::drop_also`]).
-    also: Vec<TableName>,
 }
 
 impl TestDatabase {
@@ -70,14 +67,7 @@ impl TestDatabase {
             store,
             file,
             dropped: false,
-            also: Vec::new(),
         }
-    }
-
-    /// Drops `table` (and what migrations made beside it) with this database's own table,
-    /// at [`TestDatabase::drop_table`] or when a failed test drops the value.
-    pub fn drop_also(&mut self, table: &TableName) {
-        self.also.push(table.clone());
     }
 
     /// The connection pool.
@@ -192,9 +182,6 @@ impl TestDatabase {
     /// Drops the table (and the SQLite file). Call at the end of a passing test; a test
     /// that fails before it is cleaned up when the value is dropped.
     pub async fn drop_table(mut self) {
-        for table in std::mem::take(&mut self.also) {
-            self.drop_outbox(&table).await;
-        }
         self.drop_outbox(&self.table).await;
         let _ = self.db().clone().close().await;
         self.dropped = true;
@@ -210,9 +197,7 @@ impl Drop for TestDatabase {
         if self.dropped {
             return;
         }
-        let (url, backend) = (self.url.clone(), self.backend());
-        let mut tables = std::mem::take(&mut self.also);
-        tables.push(self.table.clone());
+        let (url, table, backend) = (self.url.clone(), self.table.clone(), self.backend());
         remove_sqlite_file(self.file.take());
         if backend == DbBackend::Sqlite {
             return;
@@ -227,20 +212,16 @@ impl Drop for TestDatabase {
                     let db = outbox_store::connect(&url, 1)
                         .await
                         .map_err(|e| e.to_string())?;
-                    for table in &tables {
-                        for sql in drop_statements(table, backend) {
-                            let _ = db.execute(Statement::from_string(backend, sql)).await;
-                        }
+                    for sql in drop_statements(&table, backend) {
+                        let _ = db.execute(Statement::from_string(backend, sql)).await;
                     }
                     let _ = db.close().await;
                     Ok::<_, String>(())
                 };
                 match tokio::time::timeout(std::time::Duration::from_secs(10), work).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(error)) => {
-                        eprintln!("teardown: tables {tables:?} not dropped: {error}")
-                    }
-                    Err(_) => eprintln!("teardown: tables {tables:?} not dropped within 10 s"),
+                    Ok(Err(error)) => eprintln!("teardown: table {table} not dropped: {error}"),
+                    Err(_) => eprintln!("teardown: table {table} not dropped within 10 s"),
                 }
             });
         });
@@ -259,7 +240,7 @@ fn remove_sqlite_file(file: Option<PathBuf>) {
 }
 
 /// What [`TestDatabase::drop_outbox`] runs: `table` and what its migrations made beside it.
-fn drop_statements(table: &TableName, backend: DbBackend) -> Vec<String> {
+pub(crate) fn drop_statements(table: &TableName, backend: DbBackend) -> Vec<String> {
     let t = table.as_str();
     let mut drops = vec![
         format!("DROP TABLE IF EXISTS {t}"),
