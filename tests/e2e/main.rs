@@ -1,6 +1,10 @@
 //! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary. Each test
 //! sets itself up with `outbox_tests::TestApp` (a table, an exchange, settings, a relay).
 
+/// Adopting a live table online: `migrate` waiting out a long transaction without holding
+/// up inserts, numbering rows while a producer inserts, `--dry-run`'s `-- locks:` lines;
+/// the `worker` log field naming the outbox.
+mod adoption;
 /// `relay.max_inflight_bytes`: the claim's byte budget on every backend; large rows
 /// delivered in room order within the budget plus one row.
 mod bytes;

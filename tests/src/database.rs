@@ -224,7 +224,7 @@ fn remove_sqlite_file(file: Option<PathBuf>) {
 }
 
 /// What [`TestDatabase::drop_outbox`] runs: `table` and what its migrations made beside it.
-fn drop_statements(table: &TableName, backend: DbBackend) -> Vec<String> {
+pub(crate) fn drop_statements(table: &TableName, backend: DbBackend) -> Vec<String> {
     let t = table.as_str();
     let mut drops = vec![
         format!("DROP TABLE IF EXISTS {t}"),

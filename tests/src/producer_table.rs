@@ -11,15 +11,21 @@ pub struct ProducerTable {
     pub database: TestDatabase,
     /// The hand-made table.
     pub table: TableName,
+    /// Drops the table if the test fails before [`ProducerTable::finish`].
+    guard: TableGuard,
 }
 
 impl ProducerTable {
     /// A fresh test database on `backend`; the table's name starts with `prefix` and is
     /// not created yet.
     pub async fn new(backend: Backend, prefix: &str) -> Self {
+        let database = TestDatabase::new(backend).await;
+        let table = TableName::parse(&unique_name(prefix)).expect("a valid table name");
+        let guard = TableGuard::new(&database, &table);
         Self {
-            database: TestDatabase::new(backend).await,
-            table: TableName::parse(&unique_name(prefix)).expect("a valid table name"),
+            database,
+            table,
+            guard,
         }
     }
 
@@ -113,6 +119,7 @@ impl ProducerTable {
     /// Drops the table, its companions and the test database's own table.
     pub async fn finish(self) {
         self.database.drop_outbox(&self.table).await;
+        self.guard.disarm();
         self.database.drop_table().await;
     }
 }
@@ -123,4 +130,70 @@ pub fn uuid(n: u8, fill: char) -> String {
         "{}-0000-4000-8000-0000000000{n:02}",
         fill.to_string().repeat(8)
     )
+}
+
+/// Drops a table of the test's own beside its [`TestDatabase`] (and what migrations made
+/// beside it) when dropped, unless disarmed: the cleanup of a test that failed before
+/// dropping it. Off the test's runtime (which may be unwinding), bounded by 10 s; a
+/// failure is logged, not raised, so the failed test keeps its own message.
+pub struct TableGuard {
+    url: String,
+    table: TableName,
+    backend: DbBackend,
+    armed: bool,
+}
+
+impl TableGuard {
+    /// Armed for `table` in `database`'s server.
+    pub fn new(database: &TestDatabase, table: &TableName) -> Self {
+        Self {
+            url: database.url.clone(),
+            table: table.clone(),
+            backend: database.backend(),
+            armed: true,
+        }
+    }
+
+    /// The test dropped the table itself.
+    pub fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for TableGuard {
+    fn drop(&mut self) {
+        if !self.armed || self.backend == DbBackend::Sqlite {
+            return;
+        }
+        let (url, table, backend) = (self.url.clone(), self.table.clone(), self.backend);
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let work = async {
+                    let db = outbox_store::connect(&url, 1)
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    for sql in crate::database::drop_statements(&table, backend) {
+                        let _ = db.execute(Statement::from_string(backend, sql)).await;
+                    }
+                    let _ = db.close().await;
+                    Ok::<_, String>(())
+                };
+                match tokio::time::timeout(std::time::Duration::from_secs(10), work).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => eprintln!("teardown: table {table} not dropped: {error}"),
+                    Err(_) => eprintln!("teardown: table {table} not dropped within 10 s"),
+                }
+            });
+        });
+        if cleanup.join().is_err() {
+            eprintln!(
+                "teardown: dropping table {} of a failed test panicked",
+                self.table
+            );
+        }
+    }
 }

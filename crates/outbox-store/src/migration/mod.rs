@@ -271,7 +271,7 @@ fn lock_note(name: &str, dialect: Dialect) -> &'static str {
         (Dialect::Postgres, "m20261204_000008_drop_room_outbox_room_index") => "ACCESS EXCLUSIVE on the table for DROP INDEX: milliseconds once granted; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, "m20261202_000003_create_room_outbox_notify") => "SHARE ROW EXCLUSIVE on the table for CREATE TRIGGER: milliseconds; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, _) => "SHARE UPDATE EXCLUSIVE or none (inserts go on): milliseconds; at most 100 ms waiting for the lock, retried",
-        (Dialect::MySql, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds",
+        (Dialect::MySql, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds; each statement first waits for the metadata lock behind any transaction open on the table, without a short timeout, and inserts queue behind it meanwhile: end long transactions first",
         (Dialect::MySql, _) => "a metadata lock: milliseconds",
     }
 }
@@ -389,6 +389,7 @@ pub async fn migrate_columns(
                 Err(Error::Database(error))
                     if online::is_lock_timeout(&error) && attempt < online::LOCK_ATTEMPTS =>
                 {
+                    online::log_retry(table, migration.name, attempt);
                     tokio::time::sleep(online::retry_delay(attempt)).await;
                 }
                 done => break done,

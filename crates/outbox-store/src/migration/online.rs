@@ -27,6 +27,20 @@ pub(super) const LOCK_TIMEOUT: &str = "100ms";
 /// How many times a step that timed out waiting for a lock is tried.
 pub(super) const LOCK_ATTEMPTS: u32 = 100;
 
+/// The warning of a step that timed out waiting for a lock on `table` and is tried again:
+/// what tells an operator that a long transaction holds the table (find it in
+/// `pg_stat_activity`).
+pub(super) fn log_retry(table: &crate::sql::TableName, step: &str, attempt: u32) {
+    tracing::warn!(
+        table = %table,
+        step,
+        attempt,
+        attempts = LOCK_ATTEMPTS,
+        retry_in = ?retry_delay(attempt),
+        "migration step gave up waiting for a lock on the table (lock_timeout {LOCK_TIMEOUT}); trying again"
+    );
+}
+
 /// The wait before trying a step again after a lock timeout (doubling up to 2 s).
 pub(super) fn retry_delay(attempt: u32) -> Duration {
     Duration::from_millis(50u64 << attempt.min(5)).min(Duration::from_secs(2))
@@ -191,7 +205,7 @@ async fn backfill(db: &DatabaseConnection, cx: &Context<'_>) -> Result<(), Error
     .await?;
     let mut first = 0;
     while first <= pages {
-        with_lock_timeout(db, &backfill_statement(cx, first)).await?;
+        with_lock_timeout(db, cx, &backfill_statement(cx, first)).await?;
         first += BACKFILL_PAGES;
     }
     db.execute_unprepared(&format!(
@@ -204,7 +218,11 @@ async fn backfill(db: &DatabaseConnection, cx: &Context<'_>) -> Result<(), Error
 
 /// Runs `statement` in a transaction of its own under [`LOCK_TIMEOUT`], retried when it
 /// times out.
-async fn with_lock_timeout(db: &DatabaseConnection, statement: &str) -> Result<(), Error> {
+async fn with_lock_timeout(
+    db: &DatabaseConnection,
+    cx: &Context<'_>,
+    statement: &str,
+) -> Result<(), Error> {
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -218,6 +236,7 @@ async fn with_lock_timeout(db: &DatabaseConnection, statement: &str) -> Result<(
             }
             Err(error) if is_lock_timeout(&error) && attempt < LOCK_ATTEMPTS => {
                 drop(txn);
+                log_retry(cx.table, FINISH, attempt);
                 tokio::time::sleep(retry_delay(attempt)).await;
             }
             Err(error) => return Err(error.into()),
