@@ -766,3 +766,24 @@ async fn postgres_leases_stay_on_their_pages_and_marks_skip_a_room_index() {
     assert!(moved.is_empty(), "leases that left their page: {moved:?}");
     database.drop_table().await;
 }
+
+/// The rig's own reader survives a test's `ALTER TABLE … ADD COLUMN` on SQLite: sqlx
+/// caches a prepared statement's columns, SQLite prepares it again with the new column,
+/// and reading `SELECT *` through the stale statement panicked in sqlx-sqlite (a CI run
+/// failed on it in `outboxes::bad_mappings…::sqlite`); `TestDatabase::rows` names its
+/// columns.
+#[actix_rt::test]
+async fn the_rows_reader_survives_a_column_added_on_sqlite() {
+    let database = outbox_tests::TestDatabase::new(Backend::Sqlite).await;
+    outbox_tests::seed(&database, &[outbox_tests::event("a", "r")]).await;
+    for _ in 0..3 {
+        let _ = database.rows().await;
+    }
+    database
+        .execute("ALTER TABLE {t} ADD COLUMN label VARCHAR(32) NULL")
+        .await;
+    for _ in 0..5 {
+        assert_eq!(database.rows().await.len(), 1);
+    }
+    database.drop_table().await;
+}

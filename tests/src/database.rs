@@ -77,7 +77,16 @@ impl TestDatabase {
 
     /// Every row, by id.
     pub async fn rows(&self) -> Vec<OutboxRow> {
-        let sql = format!("SELECT * FROM {} ORDER BY id", self.table);
+        // The columns by name, not `*`: sqlx caches a statement's columns, and on SQLite a
+        // statement prepared before a test's `ALTER TABLE … ADD COLUMN` is prepared again by
+        // SQLite with one column more than sqlx knows, which panics in sqlx-sqlite 0.8
+        // (`index out of bounds` in `SqliteRow::current`).
+        let sql = format!(
+            "SELECT id, event_id, event_type, room_id, envelope, headers, status, retry_count, \
+             last_error, created_at, available_at, locked_by, locked_until, published_at \
+             FROM {} ORDER BY id",
+            self.table
+        );
         OutboxRow::find_by_statement(Statement::from_string(self.backend(), sql))
             .all(self.db())
             .await
