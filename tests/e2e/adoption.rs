@@ -4,7 +4,7 @@
 //! the relay then delivers every row in position order per key; `migrate --dry-run` says
 //! what each step locks and for how long; the `worker` log field names the outbox.
 
-use outbox_cli::settings::{ColumnsSettings, OutboxSettings, Settings};
+use outbox_cli::settings::{OutboxSettings, Settings};
 use outbox_store::TableName;
 use outbox_tests::output::{stderr, succeeded};
 use outbox_tests::producer_table::{ProducerTable as Fixture, TableGuard};
@@ -80,21 +80,7 @@ async fn create_table(fixture: &Fixture, rows: u64) {
 /// Settings of the binary on the fixture's table, mapped as Debezium's outbox router
 /// reads it, `position = "seq"` (which `migrate` adds); JSON logs.
 fn debezium_settings(fixture: &Fixture, broker: &TestBroker) -> Settings {
-    let t = fixture.table.clone();
-    test_settings(&fixture.database, broker, |settings| {
-        settings.database.table = t.as_str().to_owned();
-        settings.database.columns = ColumnsSettings {
-            position: "seq".into(),
-            event_id: "id".into(),
-            event_type: "type".into(),
-            key: "aggregateid".into(),
-            payload: "payload".into(),
-            headers: "".into(),
-            created_at: "created_at".into(),
-        };
-        settings.amqp.key_header = "aggregate_id".into();
-        settings.log.format = "json".into();
-    })
+    fixture.debezium_settings(broker, |settings| settings.log.format = "json".into())
 }
 
 /// One insert of the producer: when it started and how long it took.

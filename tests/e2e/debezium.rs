@@ -4,7 +4,7 @@
 //! adoption, and placeholders or header columns naming no column refused with exit code 2.
 
 use lapin::types::AMQPValue;
-use outbox_cli::settings::{ColumnsSettings, HeaderColumnSettings, Settings};
+use outbox_cli::settings::{HeaderColumnSettings, Settings};
 use outbox_tests::output::{stderr, succeeded};
 use outbox_tests::producer_table::{uuid, ProducerTable as Fixture};
 use outbox_tests::{
@@ -106,25 +106,8 @@ fn typed(column: &str, kind: &str) -> HeaderColumnSettings {
     }
 }
 
-fn debezium_settings(backend: Backend, fixture: &Fixture, broker: &TestBroker) -> Settings {
-    let t = fixture.table.clone();
-    test_settings(&fixture.database, broker, |settings| {
-        settings.database.table = t.as_str().to_owned();
-        settings.database.columns = ColumnsSettings {
-            position: if backend == Backend::Sqlite {
-                "rowid"
-            } else {
-                "seq"
-            }
-            .into(),
-            event_id: "id".into(),
-            event_type: "type".into(),
-            key: "aggregateid".into(),
-            payload: "payload".into(),
-            headers: "".into(),
-            created_at: "created_at".into(),
-        };
-        settings.amqp.key_header = "aggregate_id".into();
+fn debezium_settings(fixture: &Fixture, broker: &TestBroker) -> Settings {
+    fixture.debezium_settings(broker, |settings| {
         // Debezium's route.by.field = aggregatetype, route.topic.replacement =
         // outbox.event.${routedByValue}.
         settings.amqp.routing_key = "outbox.event.{aggregatetype}".into();
@@ -174,7 +157,7 @@ async fn routes_by_aggregatetype_with_typed_header_columns_and_a_changed_mapping
         row(3, "order", "o-1", "OrderPaid"),
     ];
     insert(&fixture, 1, &rows[0]).await;
-    let mut settings = debezium_settings(backend, &fixture, &broker);
+    let mut settings = debezium_settings(&fixture, &broker);
     let file = SettingsFile::write(&settings);
     succeeded("migrate", &file.run(crate::RELAY, &["migrate"]));
     insert(&fixture, 2, &rows[1]).await;

@@ -3,7 +3,7 @@
 //! one process, one stuck and one draining; bad mappings refused with exit code 2; the
 //! original worker's table taken over without sending its published rows again.
 
-use outbox_cli::settings::{ColumnsSettings, OutboxColumnsSettings, OutboxSettings, Settings};
+use outbox_cli::settings::{OutboxColumnsSettings, OutboxSettings, Settings};
 use outbox_store::{insert_events, NewEvent, OutboxRow, TableName};
 use outbox_tests::output::{stderr, succeeded};
 use outbox_tests::producer_table::{uuid, ProducerTable as Fixture};
@@ -139,24 +139,7 @@ async fn dry_run_migrate_and_run_relay_a_debezium_table(backend: Backend) {
         insert_debezium(&fixture, row).await;
     }
     let t = fixture.table.clone();
-    let settings = test_settings(&fixture.database, &broker, |settings| {
-        settings.database.table = t.as_str().to_owned();
-        settings.database.columns = ColumnsSettings {
-            position: if backend == Backend::Sqlite {
-                "rowid"
-            } else {
-                "seq"
-            }
-            .into(),
-            event_id: "id".into(),
-            event_type: "type".into(),
-            key: "aggregateid".into(),
-            payload: "payload".into(),
-            headers: "".into(),
-            created_at: "created_at".into(),
-        };
-        settings.amqp.key_header = "aggregate_id".into();
-    });
+    let settings = fixture.debezium_settings(&broker, |_| {});
     let file = SettingsFile::write(&settings);
 
     let shape = fixture.columns_of(t.as_str()).await;

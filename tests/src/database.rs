@@ -211,16 +211,7 @@ impl Drop for TestDatabase {
         if backend == DbBackend::Sqlite {
             return;
         }
-        crate::services::cleanup_off_runtime(format!("table {table}"), move || async move {
-            let db = outbox_store::connect(&url, 1)
-                .await
-                .map_err(|error| error.to_string())?;
-            for sql in drop_statements(&table, backend) {
-                let _ = db.execute(Statement::from_string(backend, sql)).await;
-            }
-            let _ = db.close().await;
-            Ok(())
-        });
+        drop_table_off_runtime(url, table, backend);
     }
 }
 
@@ -233,6 +224,21 @@ fn remove_sqlite_file(file: Option<PathBuf>) {
 }
 
 /// What [`TestDatabase::drop_outbox`] runs: `table` and what its migrations made beside it.
+/// Teardown after a failed test: drops `table` (and its companions) on `url` through a
+/// connection of its own, off the test's runtime ([`crate::services::cleanup_off_runtime`]).
+pub(crate) fn drop_table_off_runtime(url: String, table: TableName, backend: DbBackend) {
+    crate::services::cleanup_off_runtime(format!("table {table}"), move || async move {
+        let db = outbox_store::connect(&url, 1)
+            .await
+            .map_err(|error| error.to_string())?;
+        for sql in drop_statements(&table, backend) {
+            let _ = db.execute(Statement::from_string(backend, sql)).await;
+        }
+        let _ = db.close().await;
+        Ok(())
+    });
+}
+
 pub(crate) fn drop_statements(table: &TableName, backend: DbBackend) -> Vec<String> {
     let t = table.as_str();
     let mut drops = vec![

@@ -1,7 +1,8 @@
 //! [`ProducerTable`]: a table made by hand the way a producer made it, beside the test
 //! database's own outbox, for the tests that adopt existing tables.
 
-use crate::{unique_name, Backend, TestDatabase};
+use crate::{test_settings, unique_name, Backend, TestBroker, TestDatabase};
+use outbox_cli::settings::{ColumnsSettings, Settings};
 use outbox_store::TableName;
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 
@@ -16,6 +17,21 @@ pub struct ProducerTable {
 }
 
 impl ProducerTable {
+    /// Settings of the binary on this table, mapped as Debezium's outbox router reads it
+    /// ([`debezium_columns`]), each key in the header `aggregate_id`; then `adjust`.
+    pub fn debezium_settings(
+        &self,
+        broker: &TestBroker,
+        adjust: impl FnOnce(&mut Settings),
+    ) -> Settings {
+        test_settings(&self.database, broker, |settings| {
+            settings.database.table = self.table.as_str().to_owned();
+            settings.database.columns = debezium_columns(self.database.backend());
+            settings.amqp.key_header = "aggregate_id".into();
+            adjust(settings);
+        })
+    }
+
     /// A fresh test database on `backend`; the table's name starts with `prefix` and is
     /// not created yet.
     pub async fn new(backend: Backend, prefix: &str) -> Self {
@@ -166,34 +182,26 @@ impl Drop for TableGuard {
             return;
         }
         let (url, table, backend) = (self.url.clone(), self.table.clone(), self.backend);
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                let work = async {
-                    let db = outbox_store::connect(&url, 1)
-                        .await
-                        .map_err(|error| error.to_string())?;
-                    for sql in crate::database::drop_statements(&table, backend) {
-                        let _ = db.execute(Statement::from_string(backend, sql)).await;
-                    }
-                    let _ = db.close().await;
-                    Ok::<_, String>(())
-                };
-                match tokio::time::timeout(std::time::Duration::from_secs(10), work).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(error)) => eprintln!("teardown: table {table} not dropped: {error}"),
-                    Err(_) => eprintln!("teardown: table {table} not dropped within 10 s"),
-                }
-            });
-        });
-        if cleanup.join().is_err() {
-            eprintln!(
-                "teardown: dropping table {} of a failed test panicked",
-                self.table
-            );
+        crate::database::drop_table_off_runtime(url, table, backend);
+    }
+}
+
+/// The mapping of a Debezium-shaped table as Debezium's outbox router reads it (`id`,
+/// `type`, `aggregateid`, `payload`, `created_at`; no headers column), ordered by
+/// `position`: `seq` (which `migrate` adds), or `rowid` on SQLite.
+pub fn debezium_columns(backend: DbBackend) -> ColumnsSettings {
+    ColumnsSettings {
+        position: if backend == DbBackend::Sqlite {
+            "rowid"
+        } else {
+            "seq"
         }
+        .into(),
+        event_id: "id".into(),
+        event_type: "type".into(),
+        key: "aggregateid".into(),
+        payload: "payload".into(),
+        headers: "".into(),
+        created_at: "created_at".into(),
     }
 }
