@@ -2,16 +2,17 @@
 
 use outbox_tests::{
     assert_room_order, event, eventually, own_room_events, per_backend, room_events, Backend,
-    RelayProcess, TestApp, TestEvent,
+    FaultProxy, RelayProcess, TestApp, TestEvent,
 };
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 const NODES: usize = 3;
 
-/// Starts [`NODES`] relay processes on the app's table, each its own node, with `lease`.
-fn spawn_nodes(app: &TestApp, lease: &str) -> Vec<RelayProcess> {
-    (0..NODES)
+/// Starts relay processes `nodes` (of [`NODES`]) on the app's table, each its own node,
+/// with `lease`.
+fn spawn_nodes(app: &TestApp, lease: &str, nodes: std::ops::Range<usize>) -> Vec<RelayProcess> {
+    nodes
         .map(|node| {
             let settings = app.settings_with(|settings| {
                 settings.relay.node_id = format!("{}-node{node}", app.database.table);
@@ -35,7 +36,7 @@ async fn three_nodes_deliver_everything_once_in_room_order(backend: Backend) {
         .seeded(&room_events("mn", EVENTS, 300))
         .build()
         .await;
-    let nodes = spawn_nodes(&app, "30s");
+    let nodes = spawn_nodes(&app, "30s", 0..NODES);
 
     app.database
         .wait_all_published(Duration::from_secs(240))
@@ -66,13 +67,34 @@ async fn a_killed_node_loses_nothing_and_others_take_over_after_its_lease() {
     const BATCH_SIZE: usize = 100; // the default
     let seeded = room_events("kill", EVENTS, 300);
     let app = TestApp::on(Backend::Postgres).seeded(&seeded).build().await;
-    let mut nodes = spawn_nodes(&app, "3s");
+    // The victim reaches the broker through a proxy that stalls before the kill, so that it
+    // is sure to die holding rows (leased, published but never confirmed): killed at a
+    // random moment it may hold none (a CI run caught it between a mark and its next claim).
+    let (victim_link, victim_broker) = FaultProxy::in_front_of(&app.broker.url).await;
     let victim_id = format!("{}-node0", app.database.table);
+    let mut victim = RelayProcess::spawn(
+        crate::RELAY,
+        &app.settings_with(|settings| {
+            settings.relay.node_id = victim_id.clone();
+            settings.relay.publishers = 4;
+            settings.relay.lease = "3s".into();
+            settings.amqp.url = victim_broker;
+        }),
+    );
+    let nodes = spawn_nodes(&app, "3s", 1..NODES);
 
     app.broker
         .wait_for(EVENTS / 3, Duration::from_secs(120))
         .await;
-    let mut victim = nodes.remove(0);
+    victim_link.stall();
+    eventually("the victim holds rows", Duration::from_secs(30), || async {
+        app.database
+            .rows()
+            .await
+            .iter()
+            .any(|row| row.status == "pending" && row.locked_by.as_deref() == Some(&victim_id))
+    })
+    .await;
     victim.signal("KILL");
     let (killed, killed_at) = (Instant::now(), chrono::Utc::now());
     victim.wait(Duration::from_secs(5)).await;
@@ -130,7 +152,7 @@ async fn a_failing_head_holds_its_room_back_on_every_node() {
         .seeded(&events)
         .build()
         .await;
-    let nodes = spawn_nodes(&app, "30s");
+    let nodes = spawn_nodes(&app, "30s", 0..NODES);
 
     app.broker.wait_for(300, Duration::from_secs(60)).await;
     eventually(
@@ -166,7 +188,7 @@ async fn per_room_order_holds_while_producers_insert_concurrently() {
     const PRODUCERS: usize = 4;
     const PER_PRODUCER: usize = 2_500;
     let app = TestApp::on(Backend::Postgres).build().await;
-    let nodes = spawn_nodes(&app, "30s");
+    let nodes = spawn_nodes(&app, "30s", 0..NODES);
     // Each producer owns its rooms, as a room service serialises writes per room.
     let mut producers = Vec::new();
     for producer in 0..PRODUCERS {
