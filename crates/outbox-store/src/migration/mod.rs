@@ -380,21 +380,12 @@ pub async fn migrate_columns(
 
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
-        let mut attempt = 0;
-        let done = loop {
-            attempt += 1;
+        let done = online::retry_lock_timeouts(table, migration.name, || async {
             let txn = lock(db, table).await?;
             let done = apply(&txn, table, columns, migration).await;
-            match unlock(txn, table, done).await {
-                Err(Error::Database(error))
-                    if online::is_lock_timeout(&error) && attempt < online::LOCK_ATTEMPTS =>
-                {
-                    online::log_retry(table, migration.name, attempt);
-                    tokio::time::sleep(online::retry_delay(attempt)).await;
-                }
-                done => break done,
-            }
-        };
+            unlock(txn, table, done).await
+        })
+        .await;
         match done {
             Ok(true) => applied.push(migration.name),
             Ok(false) => {}

@@ -27,18 +27,37 @@ pub(super) const LOCK_TIMEOUT: &str = "100ms";
 /// How many times a step that timed out waiting for a lock is tried.
 pub(super) const LOCK_ATTEMPTS: u32 = 100;
 
-/// The warning of a step that timed out waiting for a lock on `table` and is tried again:
+/// Runs `attempt` (one try of `step` on `table`) until it does not time out waiting for a
+/// lock, at most [`LOCK_ATTEMPTS`] times, [`retry_delay`] apart. Each retry is a warning:
 /// what tells an operator that a long transaction holds the table (find it in
 /// `pg_stat_activity`).
-pub(super) fn log_retry(table: &crate::sql::TableName, step: &str, attempt: u32) {
-    tracing::warn!(
-        table = %table,
-        step,
-        attempt,
-        attempts = LOCK_ATTEMPTS,
-        retry_in = ?retry_delay(attempt),
-        "migration step gave up waiting for a lock on the table (lock_timeout {LOCK_TIMEOUT}); trying again"
-    );
+pub(super) async fn retry_lock_timeouts<T, F, Fut>(
+    table: &crate::sql::TableName,
+    step: &str,
+    mut attempt: F,
+) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match attempt().await {
+            Err(Error::Database(error)) if is_lock_timeout(&error) && tries < LOCK_ATTEMPTS => {
+                tracing::warn!(
+                    table = %table,
+                    step,
+                    attempt = tries,
+                    attempts = LOCK_ATTEMPTS,
+                    retry_in = ?retry_delay(tries),
+                    "migration step gave up waiting for a lock on the table (lock_timeout {LOCK_TIMEOUT}); trying again"
+                );
+                tokio::time::sleep(retry_delay(tries)).await;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// The wait before trying a step again after a lock timeout (doubling up to 2 s).
@@ -223,25 +242,15 @@ async fn with_lock_timeout(
     cx: &Context<'_>,
     statement: &str,
 ) -> Result<(), Error> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    retry_lock_timeouts(cx.table, FINISH, || async {
         let txn = db.begin().await?;
         txn.execute_unprepared(&format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
             .await?;
-        match txn.execute_unprepared(statement).await {
-            Ok(_) => {
-                txn.commit().await?;
-                return Ok(());
-            }
-            Err(error) if is_lock_timeout(&error) && attempt < LOCK_ATTEMPTS => {
-                drop(txn);
-                log_retry(cx.table, FINISH, attempt);
-                tokio::time::sleep(retry_delay(attempt)).await;
-            }
-            Err(error) => return Err(error.into()),
-        }
-    }
+        txn.execute_unprepared(statement).await?;
+        txn.commit().await?;
+        Ok(())
+    })
+    .await
 }
 
 /// A `CREATE … INDEX CONCURRENTLY IF NOT EXISTS name` that failed earlier leaves an invalid
