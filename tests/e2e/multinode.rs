@@ -88,20 +88,16 @@ async fn a_killed_node_loses_nothing_and_others_take_over_after_its_lease() {
         .await;
     victim_link.stall();
     eventually("the victim holds rows", Duration::from_secs(30), || async {
-        app.database
-            .rows()
-            .await
-            .iter()
-            .any(|row| row.status == "pending" && row.locked_by.as_deref() == Some(&victim_id))
+        !app.database.held_by(&victim_id).await.is_empty()
     })
     .await;
     victim.signal("KILL");
     let (killed, killed_at) = (Instant::now(), chrono::Utc::now());
     victim.wait(Duration::from_secs(5)).await;
     // What the victim held when it died: rows under its lease, not published.
-    let held: HashMap<String, chrono::DateTime<chrono::Utc>> = (app.database.rows().await)
+    let held: HashMap<String, chrono::DateTime<chrono::Utc>> = (app.database.held_by(&victim_id))
+        .await
         .into_iter()
-        .filter(|row| row.status == "pending" && row.locked_by.as_deref() == Some(&victim_id))
         .map(|row| (row.event_id, row.locked_until.expect("a lease")))
         .collect();
     assert!(!held.is_empty(), "the killed node held rows when it died");

@@ -149,24 +149,10 @@ async fn stuck_in_flight(
     eventually(
         "rows claimed and in flight",
         Duration::from_secs(30),
-        || async {
-            app.database
-                .rows()
-                .await
-                .iter()
-                .any(|row| row.status == "pending" && row.locked_by.as_deref() == Some(&node))
-        },
+        || async { !app.database.held_by(&node).await.is_empty() },
     )
     .await;
     (app, proxy, relay)
-}
-
-/// The rows `node` still holds, not published.
-async fn held_by(app: &TestApp, node: &str) -> usize {
-    (app.database.rows().await)
-        .iter()
-        .filter(|row| row.status == "pending" && row.locked_by.as_deref() == Some(node))
-        .count()
 }
 
 /// After SIGTERM `/readyz` answers `503 not ready: shutting down`; a second SIGTERM forces
@@ -212,7 +198,7 @@ async fn a_second_signal_forces_exit_1_and_the_same_node_clears_its_leases_at_st
         "{}",
         relay.log_text()
     );
-    let left = held_by(&app, &node).await;
+    let left = app.database.held_by(&node).await.len();
     assert!(left > 0, "the forced stop left its leases to expire");
 
     proxy.restore();
@@ -267,7 +253,10 @@ async fn shutdown_timeout_forces_exit_1() {
         "a forced stop that panics:\n{log}"
     );
     assert!(
-        held_by(&app, &app.settings.relay.node_id).await > 0,
+        !app.database
+            .held_by(&app.settings.relay.node_id)
+            .await
+            .is_empty(),
         "leases left to expire"
     );
     proxy.restore();

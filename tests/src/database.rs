@@ -117,6 +117,13 @@ impl TestDatabase {
         .await;
     }
 
+    /// The rows `node` holds: pending, under its lease.
+    pub async fn held_by(&self, node: &str) -> Vec<OutboxRow> {
+        let mut rows = self.rows().await;
+        rows.retain(|row| row.status == "pending" && row.locked_by.as_deref() == Some(node));
+        rows
+    }
+
     /// The row of `event_id`.
     pub async fn row(&self, event_id: &str) -> OutboxRow {
         self.rows()
