@@ -100,7 +100,7 @@ struct Producer {
 }
 
 impl Producer {
-    async fn start(url: &str, table: &TableName, period: Duration) -> Self {
+    async fn start(backend: DbBackend, url: &str, table: &TableName, period: Duration) -> Self {
         let db = outbox_store::connect(url, 1)
             .await
             .expect("the producer connects");
@@ -114,14 +114,23 @@ impl Producer {
                 let mut n = 0u64;
                 while !stop.get() {
                     n += 1;
-                    let sql = format!(
-                        "INSERT INTO {t} (id, aggregatetype, aggregateid, type, payload) VALUES \
-                         (gen_random_uuid(), 'order', 'k-{}', 'OrderPlaced', jsonb_build_object(\
-                         'src', 'new', 'n', {n}, 'note', repeat('y', {NOTE})))",
-                        n % 50
-                    );
+                    let sql = match backend {
+                        DbBackend::MySql => format!(
+                            "INSERT INTO {t} (id, aggregatetype, aggregateid, type, payload) \
+                             VALUES (UUID(), 'order', 'k-{}', 'OrderPlaced', JSON_OBJECT(\
+                             'src', 'new', 'n', {n}, 'note', REPEAT('y', {NOTE})))",
+                            n % 50
+                        ),
+                        _ => format!(
+                            "INSERT INTO {t} (id, aggregatetype, aggregateid, type, payload) \
+                             VALUES (gen_random_uuid(), 'order', 'k-{}', 'OrderPlaced', \
+                             jsonb_build_object('src', 'new', 'n', {n}, 'note', \
+                             repeat('y', {NOTE})))",
+                            n % 50
+                        ),
+                    };
                     let started = Instant::now();
-                    db.execute(Statement::from_string(DbBackend::Postgres, sql))
+                    db.execute(Statement::from_string(backend, sql))
                         .await
                         .unwrap_or_else(|error| panic!("producer insert {n}: {error}"));
                     inserts.push(Insert {
@@ -169,12 +178,15 @@ async fn migrate(
 }
 
 async fn number(db: &DatabaseConnection, sql: &str) -> i64 {
-    db.query_one(Statement::from_string(DbBackend::Postgres, sql.to_owned()))
-        .await
-        .unwrap_or_else(|error| panic!("{sql}: {error}"))
-        .expect("a row")
-        .try_get_by_index::<i64>(0)
-        .unwrap_or_else(|error| panic!("{sql}: {error}"))
+    db.query_one(Statement::from_string(
+        db.get_database_backend(),
+        sql.to_owned(),
+    ))
+    .await
+    .unwrap_or_else(|error| panic!("{sql}: {error}"))
+    .expect("a row")
+    .try_get_by_index::<i64>(0)
+    .unwrap_or_else(|error| panic!("{sql}: {error}"))
 }
 
 /// The adoption is complete: every row has a position, no two the same, a valid unique
@@ -230,7 +242,7 @@ async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
     let url = fixture.database.url.clone();
     let t = fixture.table.clone();
 
-    let producer = Producer::start(&url, &t, Duration::from_millis(20)).await;
+    let producer = Producer::start(DbBackend::Postgres, &url, &t, Duration::from_millis(20)).await;
     producer.wait_for_more(5).await;
     let holder = outbox_store::connect(&url, 1).await.expect("connects");
     let long = holder.begin().await.expect("begins");
@@ -319,6 +331,92 @@ async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
     fixture.finish().await;
 }
 
+/// The same on MariaDB: a transaction elsewhere has read the table (a shared metadata
+/// lock, which the adoption's `ALTER TABLE` must wait for) and stays open for [`HOLD`].
+/// Each DDL statement of `migrate` waits at most `lock_wait_timeout` (1 s, the server's
+/// least) and is retried, logging each retry, instead of queueing every insert behind it
+/// for the server's default of a year: no insert waits much more than that second;
+/// `migrate` ends after the transaction did, with the position column and its index.
+#[actix_rt::test]
+async fn mariadb_migrate_waits_out_a_long_transaction_a_second_at_a_time() {
+    /// The metadata-lock wait plus the insert's own work.
+    const MARIADB_INSERT_BOUND: Duration = Duration::from_millis(1_500);
+    let fixture = Fixture::new(Backend::MySql, "adopt_lock").await;
+    create_table(&fixture, 200).await;
+    let broker = TestBroker::new("#").await;
+    let settings = debezium_settings(&fixture, &broker);
+    let url = fixture.database.url.clone();
+    let t = fixture.table.clone();
+
+    let producer = Producer::start(DbBackend::MySql, &url, &t, Duration::from_millis(20)).await;
+    producer.wait_for_more(5).await;
+    let holder = outbox_store::connect(&url, 1).await.expect("connects");
+    let long = holder.begin().await.expect("begins");
+    long.execute(Statement::from_string(
+        DbBackend::MySql,
+        format!("SELECT * FROM {t} LIMIT 1"),
+    ))
+    .await
+    .expect("the long transaction reads the table");
+
+    let started = Instant::now();
+    let migrating = actix_rt::spawn(migrate(SettingsFile::write(&settings), &["migrate"]));
+    let db = fixture.database.db();
+    eventually(
+        "migrate's ALTER waiting for the table's metadata lock",
+        DEADLINE,
+        || async {
+            number(
+                db,
+                "SELECT count(*) FROM information_schema.processlist \
+                 WHERE state = 'Waiting for table metadata lock' AND info LIKE 'ALTER TABLE%'",
+            )
+            .await
+                > 0
+        },
+    )
+    .await;
+    tokio::time::sleep(HOLD).await;
+    long.rollback().await.expect("the long transaction ends");
+    let released = Instant::now();
+    let (output, ended) = migrating.await.expect("migrate ran");
+    producer.wait_for_more(5).await;
+    let inserts = producer.stop().await;
+    let _ = holder.close().await;
+
+    let log = stderr(&output);
+    succeeded("migrate", &output);
+    assert!(
+        ended > released,
+        "migrate ended before the long transaction let its lock go"
+    );
+    let worst = inserts
+        .iter()
+        .filter(|insert| insert.started >= started && insert.started < ended)
+        .map(|insert| insert.took)
+        .max()
+        .expect("inserts while migrate ran");
+    eprintln!("the worst insert while migrate ran: {worst:?}");
+    assert_within(
+        "the worst producer insert while migrate waited out a long transaction on MariaDB",
+        worst,
+        MARIADB_INSERT_BOUND,
+    );
+    let retries = log
+        .lines()
+        .filter(|line| line.contains("gave up waiting for a lock on the table"))
+        .count();
+    assert!(
+        retries >= 2,
+        "migrate logged {retries} retries, so it did not give up after a second:\n{log}"
+    );
+    let numbered = number(db, &format!("SELECT count(seq) FROM {t}")).await;
+    let rows = number(db, &format!("SELECT count(*) FROM {t}")).await;
+    assert_eq!(numbered, rows, "every row has its position");
+    broker.close().await;
+    fixture.finish().await;
+}
+
 /// A table of 20,000 rows (some 1,300 heap pages: several backfill batches) adopted
 /// while a producer inserts as fast as its commits go: every row, old and new, ends with
 /// a distinct position; the old rows in their physical (here insert) order, the rows the
@@ -334,7 +432,13 @@ async fn rows_are_numbered_while_a_producer_inserts_and_relayed_in_position_orde
     let t = fixture.table.clone();
     let db = fixture.database.db().clone();
 
-    let producer = Producer::start(&fixture.database.url, &t, Duration::from_millis(2)).await;
+    let producer = Producer::start(
+        DbBackend::Postgres,
+        &fixture.database.url,
+        &t,
+        Duration::from_millis(2),
+    )
+    .await;
     producer.wait_for_more(20).await;
     let before = producer.done.get();
     let (output, _) = migrate(SettingsFile::write(&settings), &["migrate"]).await;
@@ -512,13 +616,17 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
                     "a metadata lock for an instant change where the server allows",
                     "an AUTO_INCREMENT position copies the table, blocking writes for as long",
                     "ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds",
-                    "waits for the metadata lock behind any transaction open on the table, \
-                     without a short timeout, and inserts queue behind it meanwhile",
+                    "waits at most 1 s for the metadata lock behind a transaction open on \
+                     the table (lock_wait_timeout; inserts queue behind it meanwhile), then \
+                     gives up and is retried",
                 ],
             );
             for (step, lock) in &locks {
                 if step != adopt {
-                    assert_eq!(lock, "a metadata lock: milliseconds", "{step}");
+                    assert_eq!(
+                        lock, "a metadata lock: milliseconds; at most 1 s waiting for it, retried",
+                        "{step}"
+                    );
                 }
             }
             assert!(

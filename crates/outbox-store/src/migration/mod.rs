@@ -271,8 +271,8 @@ fn lock_note(name: &str, dialect: Dialect) -> &'static str {
         (Dialect::Postgres, "m20261204_000008_drop_room_outbox_room_index") => "ACCESS EXCLUSIVE on the table for DROP INDEX: milliseconds once granted; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, "m20261202_000003_create_room_outbox_notify") => "SHARE ROW EXCLUSIVE on the table for CREATE TRIGGER: milliseconds; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, _) => "SHARE UPDATE EXCLUSIVE or none (inserts go on): milliseconds; at most 100 ms waiting for the lock, retried",
-        (Dialect::MySql, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds; each statement first waits for the metadata lock behind any transaction open on the table, without a short timeout, and inserts queue behind it meanwhile: end long transactions first",
-        (Dialect::MySql, _) => "a metadata lock: milliseconds",
+        (Dialect::MySql, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds; each statement waits at most 1 s for the metadata lock behind a transaction open on the table (lock_wait_timeout; inserts queue behind it meanwhile), then gives up and is retried",
+        (Dialect::MySql, _) => "a metadata lock: milliseconds; at most 1 s waiting for it, retried",
     }
 }
 
@@ -583,6 +583,16 @@ async fn lock(db: &DatabaseConnection, table: &TableName) -> Result<DatabaseTran
                     seconds: MIGRATION_LOCK_WAIT_SECS,
                 });
             }
+            // As on PostgreSQL: a DDL statement waiting for the table's metadata lock
+            // behind a long transaction gives up after a second (the server's least,
+            // `lock_wait_timeout` counts whole seconds) and the step is tried again,
+            // instead of making every insert queue behind it for up to a year. A session
+            // setting: [`unlock`] puts it back before the connection returns to the pool.
+            txn.execute_unprepared(&format!(
+                "SET SESSION lock_wait_timeout = {}",
+                online::MYSQL_LOCK_WAIT_SECS
+            ))
+            .await?;
         }
         Dialect::Sqlite => {}
     }
@@ -602,6 +612,8 @@ async fn unlock<T, E: From<DbErr>>(
         let mut params = Params::new(dialect);
         let name = params.bind(lock_name(table));
         txn.execute(params.statement(format!("DO RELEASE_LOCK({name})")))
+            .await?;
+        txn.execute_unprepared("SET SESSION lock_wait_timeout = DEFAULT")
             .await?;
     }
     let value = step?;

@@ -24,6 +24,11 @@ use std::time::Duration;
 /// gives up (and the step is retried): what a producer's insert may wait behind it.
 pub(super) const LOCK_TIMEOUT: &str = "100ms";
 
+/// How long a migration's statement may wait for the table's metadata lock on
+/// MySQL/MariaDB (`lock_wait_timeout`, whole seconds, at least 1) before it gives up and
+/// the step is retried.
+pub(super) const MYSQL_LOCK_WAIT_SECS: u32 = 1;
+
 /// How many times a step that timed out waiting for a lock is tried.
 pub(super) const LOCK_ATTEMPTS: u32 = 100;
 
@@ -51,7 +56,7 @@ where
                     attempt = tries,
                     attempts = LOCK_ATTEMPTS,
                     retry_in = ?retry_delay(tries),
-                    "migration step gave up waiting for a lock on the table (lock_timeout {LOCK_TIMEOUT}); trying again"
+                    "migration step gave up waiting for a lock on the table (PostgreSQL lock_timeout {LOCK_TIMEOUT}, MySQL/MariaDB lock_wait_timeout {MYSQL_LOCK_WAIT_SECS} s); trying again"
                 );
                 tokio::time::sleep(retry_delay(tries)).await;
             }
@@ -280,18 +285,23 @@ async fn drop_if_invalid(db: &DatabaseConnection, statement: &str) -> Result<(),
     Ok(())
 }
 
-/// PostgreSQL's `lock_not_available` (55P03): a `lock_timeout` ran out.
+/// A lock wait ran out: PostgreSQL's `lock_not_available` (55P03, `lock_timeout`), or
+/// MySQL/MariaDB's `ER_LOCK_WAIT_TIMEOUT` (1205, `lock_wait_timeout` for a metadata lock).
 pub(super) fn is_lock_timeout(error: &DbErr) -> bool {
+    use sea_orm::sqlx::mysql::MySqlDatabaseError;
     use sea_orm::RuntimeErr;
     let (DbErr::Exec(RuntimeErr::SqlxError(error)) | DbErr::Query(RuntimeErr::SqlxError(error))) =
         error
     else {
         return false;
     };
-    error
-        .as_database_error()
-        .and_then(|error| error.code())
-        .is_some_and(|code| code == "55P03")
+    let Some(error) = error.as_database_error() else {
+        return false;
+    };
+    match error.try_downcast_ref::<MySqlDatabaseError>() {
+        Some(mysql) => mysql.number() == 1205,
+        None => error.code().is_some_and(|code| code == "55P03"),
+    }
 }
 
 #[cfg(test)]
