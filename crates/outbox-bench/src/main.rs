@@ -16,6 +16,11 @@ mod process;
 mod scenario;
 
 use clap::{Args, Parser, Subcommand};
+
+/// The relay's allocator (`outbox-relay`'s main.rs): the relay runs in this process.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use std::process::ExitCode;
 
 /// Benchmarks of outbox-relay against a raw lapin baseline, on local services.
