@@ -226,28 +226,37 @@ async fn assert_adopted(fixture: &Fixture) {
 /// minutes.
 const HOLD: Duration = Duration::from_secs(6);
 
-/// A transaction elsewhere has read the table (`ACCESS SHARE`, which the adoption's
-/// `ALTER TABLE … ADD COLUMN` and its `ACCESS EXCLUSIVE` must wait for) and stays open for
-/// [`HOLD`]. `migrate` gives up after the lock timeout and tries again (logging each
-/// retry) instead of queueing: no producer insert takes more than [`INSERT_BOUND`] (plus
-/// [`outbox_tests::MARGIN`] for a loaded machine; an `ALTER` queued without a timeout
-/// holds inserts up for the whole [`HOLD`]); `migrate` ends after the transaction did,
-/// with the table adopted.
-#[actix_rt::test]
-async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
-    let fixture = Fixture::new(Backend::Postgres, "adopt_lock").await;
-    create_table(&fixture, 2_000).await;
+/// What [`wait_out_a_long_transaction`] saw.
+struct WaitedOut {
+    /// `migrate`'s log.
+    log: String,
+    /// The producer's inserts that started while `migrate` ran.
+    during: Vec<Insert>,
+    /// When the long transaction ended.
+    released: Instant,
+    /// Its retries after a lock timeout, as logged.
+    retries: usize,
+}
+
+/// The scenario of both backends: a producer inserts every 20 ms into the fixture's
+/// table (`rows` rows to start with); a transaction elsewhere reads the table (a lock
+/// the adoption's `ALTER TABLE` must wait for) and stays open for [`HOLD`] once
+/// `waiting` (a count) says `migrate`'s statement waits for its lock. `migrate` must
+/// succeed, and end after the transaction did.
+async fn wait_out_a_long_transaction(fixture: &Fixture, rows: u64, waiting: &str) -> WaitedOut {
+    let backend = fixture.backend();
+    create_table(fixture, rows).await;
     let broker = TestBroker::new("#").await;
-    let settings = debezium_settings(&fixture, &broker);
+    let settings = debezium_settings(fixture, &broker);
     let url = fixture.database.url.clone();
     let t = fixture.table.clone();
 
-    let producer = Producer::start(DbBackend::Postgres, &url, &t, Duration::from_millis(20)).await;
+    let producer = Producer::start(backend, &url, &t, Duration::from_millis(20)).await;
     producer.wait_for_more(5).await;
     let holder = outbox_store::connect(&url, 1).await.expect("connects");
     let long = holder.begin().await.expect("begins");
     long.execute(Statement::from_string(
-        DbBackend::Postgres,
+        backend,
         format!("SELECT * FROM {t} LIMIT 1"),
     ))
     .await
@@ -255,22 +264,12 @@ async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
 
     let started = Instant::now();
     let migrating = actix_rt::spawn(migrate(SettingsFile::write(&settings), &["migrate"]));
-    // Seen once waiting (100 ms of each try), however long the binary took to start.
+    // Seen once waiting, however long the binary took to start.
     let db = fixture.database.db();
     eventually(
         "migrate's ALTER waiting for the table's lock",
         DEADLINE,
-        || async {
-            number(
-                db,
-                &format!(
-                    "SELECT count(*) FROM pg_locks WHERE relation = '{t}'::regclass \
-                     AND mode = 'AccessExclusiveLock' AND NOT granted"
-                ),
-            )
-            .await
-                > 0
-        },
+        || async { number(db, &waiting.replace("{t}", t.as_str())).await > 0 },
     )
     .await;
     // The long transaction's length is the scenario: it goes on for HOLD more, whatever
@@ -282,6 +281,7 @@ async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
     producer.wait_for_more(5).await;
     let inserts = producer.stop().await;
     let _ = holder.close().await;
+    broker.close().await;
 
     let log = stderr(&output);
     succeeded("migrate", &output);
@@ -289,27 +289,61 @@ async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
         ended > released,
         "migrate ended before the long transaction let its lock go"
     );
-    let during: Vec<&Insert> = inserts
-        .iter()
+    let during: Vec<Insert> = inserts
+        .into_iter()
         .filter(|insert| insert.started >= started && insert.started < ended)
         .collect();
-    let worst = during
+    let retries = log
+        .lines()
+        .filter(|line| line.contains("gave up waiting for a lock on the table"))
+        .count();
+    eprintln!(
+        "{} inserts while migrate ran, the worst {:?}; {retries} retries logged",
+        during.len(),
+        during.iter().map(|insert| insert.took).max()
+    );
+    WaitedOut {
+        log,
+        during,
+        released,
+        retries,
+    }
+}
+
+/// The worst insert of `inserts`.
+fn worst(inserts: &[Insert]) -> Duration {
+    inserts
         .iter()
         .map(|insert| insert.took)
         .max()
-        .expect("inserts while migrate ran");
-    eprintln!(
-        "{} inserts while migrate ran, the worst {worst:?}",
-        during.len()
-    );
+        .expect("inserts while migrate ran")
+}
+
+/// On PostgreSQL ([`wait_out_a_long_transaction`]: the transaction holds `ACCESS SHARE`,
+/// which the adoption's `ALTER TABLE … ADD COLUMN` and its `ACCESS EXCLUSIVE` must wait
+/// for): `migrate` gives up after the lock timeout and tries again (logging each retry)
+/// instead of queueing: no producer insert takes more than [`INSERT_BOUND`] (plus
+/// [`outbox_tests::MARGIN`] for a loaded machine; an `ALTER` queued without a timeout
+/// holds inserts up for the whole [`HOLD`]); the table ends adopted.
+#[actix_rt::test]
+async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
+    let fixture = Fixture::new(Backend::Postgres, "adopt_lock").await;
+    let seen = wait_out_a_long_transaction(
+        &fixture,
+        2_000,
+        "SELECT count(*) FROM pg_locks WHERE relation = '{t}'::regclass \
+         AND mode = 'AccessExclusiveLock' AND NOT granted",
+    )
+    .await;
     assert_within(
         "the worst producer insert while migrate waited out a long transaction",
-        worst,
+        worst(&seen.during),
         INSERT_BOUND,
     );
-    let while_held = during
+    let while_held = seen
+        .during
         .iter()
-        .filter(|insert| insert.started < released)
+        .filter(|insert| insert.started < seen.released)
         .count();
     // One every 20 ms for 6 s is 300; a loaded machine may manage fewer, but an insert
     // blocked for the whole hold would leave a handful.
@@ -317,103 +351,47 @@ async fn migrate_waits_out_a_long_transaction_without_holding_up_inserts() {
         while_held >= 50,
         "{while_held} inserts while the lock was held: the producer was held up"
     );
-    let retries = log
-        .lines()
-        .filter(|line| line.contains("gave up waiting for a lock on the table"))
-        .count();
     assert!(
-        retries >= 1,
-        "migrate logged no retry, so it never waited for the lock:\n{log}"
+        seen.retries >= 1,
+        "migrate logged no retry, so it never waited for the lock:\n{}",
+        seen.log
     );
-    eprintln!("{retries} retries logged");
     assert_adopted(&fixture).await;
-    broker.close().await;
     fixture.finish().await;
 }
 
-/// The same on MariaDB: a transaction elsewhere has read the table (a shared metadata
-/// lock, which the adoption's `ALTER TABLE` must wait for) and stays open for [`HOLD`].
-/// Each DDL statement of `migrate` waits at most `lock_wait_timeout` (1 s, the server's
-/// least) and is retried, logging each retry, instead of queueing every insert behind it
-/// for the server's default of a year: no insert waits much more than that second;
-/// `migrate` ends after the transaction did, with the position column and its index.
+/// The same on MariaDB (the transaction holds a shared metadata lock, which the
+/// adoption's `ALTER TABLE` must wait for): each DDL statement of `migrate` waits at most
+/// `lock_wait_timeout` (1 s, the server's least) and is retried, logging each retry,
+/// instead of queueing every insert behind it for the server's default of a year: no
+/// insert waits much more than that second; every row ends with its position.
 #[actix_rt::test]
 async fn mariadb_migrate_waits_out_a_long_transaction_a_second_at_a_time() {
     /// The metadata-lock wait plus the insert's own work.
     const MARIADB_INSERT_BOUND: Duration = Duration::from_millis(1_500);
     let fixture = Fixture::new(Backend::MySql, "adopt_lock").await;
-    create_table(&fixture, 200).await;
-    let broker = TestBroker::new("#").await;
-    let settings = debezium_settings(&fixture, &broker);
-    let url = fixture.database.url.clone();
-    let t = fixture.table.clone();
-
-    let producer = Producer::start(DbBackend::MySql, &url, &t, Duration::from_millis(20)).await;
-    producer.wait_for_more(5).await;
-    let holder = outbox_store::connect(&url, 1).await.expect("connects");
-    let long = holder.begin().await.expect("begins");
-    long.execute(Statement::from_string(
-        DbBackend::MySql,
-        format!("SELECT * FROM {t} LIMIT 1"),
-    ))
-    .await
-    .expect("the long transaction reads the table");
-
-    let started = Instant::now();
-    let migrating = actix_rt::spawn(migrate(SettingsFile::write(&settings), &["migrate"]));
-    let db = fixture.database.db();
-    eventually(
-        "migrate's ALTER waiting for the table's metadata lock",
-        DEADLINE,
-        || async {
-            number(
-                db,
-                "SELECT count(*) FROM information_schema.processlist \
-                 WHERE state = 'Waiting for table metadata lock' AND info LIKE 'ALTER TABLE%'",
-            )
-            .await
-                > 0
-        },
+    let seen = wait_out_a_long_transaction(
+        &fixture,
+        200,
+        "SELECT count(*) FROM information_schema.processlist \
+         WHERE state = 'Waiting for table metadata lock' AND info LIKE 'ALTER TABLE%'",
     )
     .await;
-    tokio::time::sleep(HOLD).await;
-    long.rollback().await.expect("the long transaction ends");
-    let released = Instant::now();
-    let (output, ended) = migrating.await.expect("migrate ran");
-    producer.wait_for_more(5).await;
-    let inserts = producer.stop().await;
-    let _ = holder.close().await;
-
-    let log = stderr(&output);
-    succeeded("migrate", &output);
-    assert!(
-        ended > released,
-        "migrate ended before the long transaction let its lock go"
-    );
-    let worst = inserts
-        .iter()
-        .filter(|insert| insert.started >= started && insert.started < ended)
-        .map(|insert| insert.took)
-        .max()
-        .expect("inserts while migrate ran");
-    eprintln!("the worst insert while migrate ran: {worst:?}");
     assert_within(
         "the worst producer insert while migrate waited out a long transaction on MariaDB",
-        worst,
+        worst(&seen.during),
         MARIADB_INSERT_BOUND,
     );
-    let retries = log
-        .lines()
-        .filter(|line| line.contains("gave up waiting for a lock on the table"))
-        .count();
     assert!(
-        retries >= 2,
-        "migrate logged {retries} retries, so it did not give up after a second:\n{log}"
+        seen.retries >= 2,
+        "migrate logged {} retries, so it did not give up after a second:\n{}",
+        seen.retries,
+        seen.log
     );
+    let (db, t) = (fixture.database.db(), &fixture.table);
     let numbered = number(db, &format!("SELECT count(seq) FROM {t}")).await;
     let rows = number(db, &format!("SELECT count(*) FROM {t}")).await;
     assert_eq!(numbered, rows, "every row has its position");
-    broker.close().await;
     fixture.finish().await;
 }
 
