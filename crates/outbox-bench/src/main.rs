@@ -16,12 +16,12 @@ mod process;
 mod scenario;
 
 use clap::{Args, Parser, Subcommand};
+use std::process::ExitCode;
 
 /// The relay's allocator (`outbox-relay`'s main.rs): the relay runs in this process.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-use std::process::ExitCode;
 
 /// Benchmarks of outbox-relay against a raw lapin baseline, on local services.
 #[derive(Debug, Parser)]
