@@ -246,7 +246,7 @@ pub(crate) fn drop_table_off_runtime(url: String, table: TableName, backend: DbB
     });
 }
 
-pub(crate) fn drop_statements(table: &TableName, backend: DbBackend) -> Vec<String> {
+fn drop_statements(table: &TableName, backend: DbBackend) -> Vec<String> {
     let t = table.as_str();
     let mut drops = vec![
         format!("DROP TABLE IF EXISTS {t}"),

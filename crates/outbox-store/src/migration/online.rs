@@ -35,7 +35,7 @@ pub(super) const LOCK_ATTEMPTS: u32 = 100;
 /// Runs `attempt` (one try of `step` on `table`) until it does not time out waiting for a
 /// lock, at most [`LOCK_ATTEMPTS`] times, [`retry_delay`] apart. Each retry is a warning:
 /// what tells an operator that a long transaction holds the table (find it in
-/// `pg_stat_activity`).
+/// `pg_stat_activity`, or MySQL/MariaDB's `information_schema.innodb_trx`).
 pub(super) async fn retry_lock_timeouts<T, F, Fut>(
     table: &crate::sql::TableName,
     step: &str,
