@@ -8,6 +8,8 @@ use outbox_core::{EventPublisher, Ordering, OutboxRecord, OutcomeKind, PublishEr
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tracing::warn;
 
 /// Publish this record (from the Fetcher).
@@ -31,8 +33,22 @@ pub struct Unhold {
 #[rtype(result = "()")]
 pub struct Drain;
 
+/// A publish's end, sent back by its task.
+struct Finished {
+    /// The publish's start number.
+    start: u64,
+    /// The record, without its body once handed off.
+    record: OutboxRecord,
+    result: Result<(), PublishError>,
+    /// From the start of the hand-off to the confirm.
+    took: Duration,
+}
+
 /// One publisher of the pool: one confirm channel (the [`EventPublisher`] port), many
-/// publishes in flight. Under `per_room` ordering a room has one unconfirmed message at a
+/// publishes in flight, each its own task on the actor's thread (an actix context polls
+/// every future spawned in it whenever the actor wakes, so hundreds of publishes in
+/// flight made each confirm cost hundreds of polls; a task is polled only when its own
+/// confirm wakes it). A task reports its end through one stream of the actor. Under `per_room` ordering a room has one unconfirmed message at a
 /// time, and a failure releases the room's waiting records and holds the room until
 /// [`Unhold`] says its outcomes are written, so no later row overtakes them. See
 /// docs/design.md#claims-leases-and-ordering.
@@ -49,7 +65,11 @@ pub struct Publisher {
     held: HashMap<String, usize>,
     /// Publishes awaiting their confirm, by start number: their task, their record
     /// without its body, and the body's size when claimed.
-    in_flight: HashMap<u64, (SpawnHandle, OutboxRecord, usize)>,
+    in_flight: HashMap<u64, (JoinHandle<()>, OutboxRecord, usize)>,
+    /// Where each publish's task reports its end, and (until the actor starts) the
+    /// stream the actor reads them from.
+    finished: mpsc::UnboundedSender<Finished>,
+    finishes: Option<mpsc::UnboundedReceiver<Finished>>,
     /// Start number of the next publish.
     next_start: u64,
     /// Set by [`Drain`]: answered once `in_flight` is empty.
@@ -72,6 +92,7 @@ impl Publisher {
         marker: Recipient<Outcome>,
         ordering: Ordering,
     ) -> Self {
+        let (finished, finishes) = mpsc::unbounded_channel();
         Self {
             port,
             marker,
@@ -79,6 +100,8 @@ impl Publisher {
             rooms: HashMap::new(),
             held: HashMap::new(),
             in_flight: HashMap::new(),
+            finished,
+            finishes: Some(finishes),
             next_start: 0,
             drained: Waiters::default(),
             draining: false,
@@ -113,7 +136,7 @@ impl Publisher {
         self.report(record, OutcomeKind::Released, bytes);
     }
 
-    fn start(&mut self, record: OutboxRecord, ctx: &mut Context<Self>) {
+    fn start(&mut self, record: OutboxRecord) {
         let start = self.next_start;
         self.next_start += 1;
         let port = Arc::clone(&self.port);
@@ -132,7 +155,8 @@ impl Publisher {
             created_at: record.created_at,
             columns: Vec::new(),
         };
-        let publishing_task = async move {
+        let finished = self.finished.clone();
+        let task = actix_rt::spawn(async move {
             let mut record = record;
             let handed_off = std::time::Instant::now();
             let result = match port.publish(&record).await {
@@ -145,20 +169,15 @@ impl Publisher {
                 }
                 Err(error) => Err(error),
             };
-            (record, result, handed_off.elapsed())
-        }
-        .into_actor(self)
-        .map(move |(record, result, took), publisher, ctx| {
-            if publisher.in_flight.remove(&start).is_none() {
-                return; // abandoned by a drain meanwhile
-            }
-            if result.is_ok() {
-                publisher.times.acked(took, record.created_at);
-            }
-            publisher.finish(record, bytes, result, ctx)
+            // Gone only when the actor is: nobody is left to tell.
+            let _ = finished.send(Finished {
+                start,
+                record,
+                result,
+                took: handed_off.elapsed(),
+            });
         });
-        let handle = ctx.spawn(publishing_task);
-        self.in_flight.insert(start, (handle, kept, bytes));
+        self.in_flight.insert(start, (task, kept, bytes));
     }
 
     /// The drain's limit passed: the publishes still in flight are abandoned (a broker that
@@ -172,8 +191,8 @@ impl Publisher {
             "publishes still unconfirmed when the shutdown's bound passed: abandoned, their rows released"
         );
         let abandoned: Vec<_> = self.in_flight.drain().map(|(_, entry)| entry).collect();
-        for (handle, record, bytes) in abandoned {
-            ctx.cancel_future(handle);
+        for (task, record, bytes) in abandoned {
+            task.abort();
             self.rooms.remove(&record.room_id);
             self.report(record, OutcomeKind::Released, bytes);
         }
@@ -203,7 +222,7 @@ impl Publisher {
                 _ => None,
             };
             match next {
-                Some(next) => self.start(next, ctx),
+                Some(next) => self.start(next),
                 None => {
                     // Failed (hold the room back), draining, or nothing waiting: give the
                     // rest of the room back; its next claim comes after this outcome.
@@ -227,6 +246,14 @@ impl Publisher {
 impl Actor for Publisher {
     type Context = Context<Self>;
 
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if let Some(mut finishes) = self.finishes.take() {
+            ctx.add_stream(futures_lite::stream::poll_fn(move |cx| {
+                finishes.poll_recv(cx)
+            }));
+        }
+    }
+
     fn stopping(&mut self, _: &mut Self::Context) -> Running {
         // Confirms still due are outcomes the Marker must hear about.
         if !self.in_flight.is_empty() {
@@ -235,6 +262,37 @@ impl Actor for Publisher {
             Running::Stop
         }
     }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        // Stopped with publishes in flight (the system shutting down): their tasks go too,
+        // as futures spawned in the context would.
+        for (task, _, _) in self.in_flight.values() {
+            task.abort();
+        }
+    }
+}
+
+impl StreamHandler<Finished> for Publisher {
+    fn handle(&mut self, finished: Finished, ctx: &mut Self::Context) {
+        let Finished {
+            start,
+            record,
+            result,
+            took,
+        } = finished;
+        let Some((_, _, bytes)) = self.in_flight.remove(&start) else {
+            return; // abandoned by a drain meanwhile
+        };
+        if result.is_ok() {
+            self.times.acked(took, record.created_at);
+        }
+        self.finish(record, bytes, result, ctx);
+    }
+
+    /// Never: the actor holds a sender of the stream itself.
+    fn finished(&mut self, _: &mut Self::Context) {}
 }
 
 impl Handler<Publish> for Publisher {
@@ -252,7 +310,7 @@ impl Handler<Publish> for Publisher {
             }
             self.rooms.insert(record.room_id.clone(), VecDeque::new());
         }
-        self.start(record, ctx);
+        self.start(record);
     }
 }
 
