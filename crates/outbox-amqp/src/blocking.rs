@@ -24,13 +24,31 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// link (which follows each connection's events) and its publishers (which wait on it).
 #[derive(Debug, Clone)]
 pub(crate) struct Blocking {
-    reason: Arc<watch::Sender<Option<String>>>,
+    state: Arc<watch::Sender<State>>,
+}
+
+/// Whether the broker blocks publishers now, and for how long it has blocked them in all.
+#[derive(Debug, Default)]
+struct State {
+    /// The broker's reason, while it blocks.
+    reason: Option<String>,
+    /// Since when, while it blocks.
+    since: Option<Instant>,
+    /// Blocked time of the blocks that ended.
+    ended: Duration,
+}
+
+impl State {
+    /// Time the broker blocked publishers, in all, up to `now`.
+    fn held(&self, now: Instant) -> Duration {
+        self.ended + self.since.map_or(Duration::ZERO, |since| now - since)
+    }
 }
 
 impl Default for Blocking {
     fn default() -> Self {
         Self {
-            reason: Arc::new(watch::channel(None).0),
+            state: Arc::new(watch::channel(State::default()).0),
         }
     }
 }
@@ -38,7 +56,7 @@ impl Default for Blocking {
 impl Blocking {
     /// The broker's reason, while it blocks publishers.
     pub(crate) fn reason(&self) -> Option<String> {
-        self.reason.borrow().clone()
+        self.state.borrow().reason.clone()
     }
 
     /// Follows `connection`'s `connection.blocked` and `connection.unblocked` until the
@@ -47,7 +65,7 @@ impl Blocking {
     pub(crate) fn follow(&self, connection: &Connection, url: &str) -> JoinHandle<()> {
         let mut events = connection.events_listener();
         let status = connection.status().clone();
-        let reason = Arc::clone(&self.reason);
+        let reason = Arc::clone(&self.state);
         let url = url.to_owned();
         // lapin sends an event only to listeners that exist: a block announced before
         // this one did shows only in the status flag.
@@ -81,56 +99,75 @@ impl Blocking {
     /// The connection is gone: a new one starts unblocked (the broker blocks it again at
     /// its first publish if the alarm lasts).
     pub(crate) fn forget(&self, url: &str) {
-        unblock(&self.reason, url, "the connection closed");
+        unblock(&self.state, url, "the connection closed");
     }
 
     /// Waits until the broker does not block publishers.
     pub(crate) async fn unblocked(&self) {
-        let mut watching = self.reason.subscribe();
+        if self.state.borrow().reason.is_none() {
+            return;
+        }
+        let mut watching = self.state.subscribe();
         // Only fails when the sender is gone, which `self` holds.
-        let _ = watching.wait_for(Option::is_none).await.map(|_| ());
+        let _ = watching.wait_for(|state| state.reason.is_none()).await;
     }
 
     /// A future that completes once `budget` has passed while the broker did not block
-    /// publishers: a `publish_timeout` that stands still during an alarm.
+    /// publishers: a `publish_timeout` that stands still during an alarm. It sleeps
+    /// through the budget and then counts the blocked time that fell inside it (one timer
+    /// per publish, nothing to wake it when the broker blocks or unblocks).
     pub(crate) fn clock(&self, budget: Duration) -> impl Future<Output = ()> + Send + 'static {
-        let mut watching = self.reason.subscribe();
+        let blocking = self.clone();
         async move {
-            let mut left = budget;
+            let started = Instant::now();
+            let held_before = blocking.state.borrow().held(started);
+            let mut until = started + budget;
             loop {
-                if watching.wait_for(Option::is_none).await.is_err() {
-                    break;
+                tokio::time::sleep_until(until).await;
+                blocking.unblocked().await;
+                let now = Instant::now();
+                let held = blocking.state.borrow().held(now) - held_before;
+                until = started + budget + held;
+                if until <= now {
+                    return;
                 }
-                let running = Instant::now();
-                let blocked = tokio::select! {
-                    () = tokio::time::sleep(left) => return,
-                    blocked = watching.wait_for(Option::is_some) => blocked.is_ok(),
-                };
-                if !blocked {
-                    break;
-                }
-                left = left.saturating_sub(running.elapsed());
             }
-            // Nobody can block any more: the rest of the budget runs out plainly.
-            tokio::time::sleep(left).await;
         }
     }
 
     #[cfg(test)]
     pub(crate) fn set(&self, reason: Option<&str>) {
-        self.reason.send_replace(reason.map(str::to_owned));
+        match reason {
+            Some(why) => block(&self.state, "amqp://test", why.to_owned()),
+            None => unblock(&self.state, "amqp://test", "test"),
+        }
     }
 }
 
-fn block(reason: &watch::Sender<Option<String>>, url: &str, why: String) {
-    let was = reason.send_replace(Some(why.clone()));
-    if was.is_none() {
+fn block(state: &watch::Sender<State>, url: &str, why: String) {
+    let mut began = false;
+    state.send_modify(|state| {
+        if state.reason.is_none() {
+            state.since = Some(Instant::now());
+            began = true;
+        }
+        state.reason = Some(why.clone());
+    });
+    if began {
         warn!(%url, reason = %why, "the broker blocks publishers (resource alarm); publishing paused, publish_timeout stands still");
     }
 }
 
-fn unblock(reason: &watch::Sender<Option<String>>, url: &str, how: &str) {
-    if let Some(why) = reason.send_replace(None) {
+fn unblock(state: &watch::Sender<State>, url: &str, how: &str) {
+    let mut ended = None;
+    state.send_if_modified(|state| {
+        ended = state.reason.take();
+        if let Some(since) = state.since.take() {
+            state.ended += since.elapsed();
+        }
+        ended.is_some()
+    });
+    if let Some(why) = ended {
         info!(%url, reason = %why, ended = how, "the broker no longer blocks publishers; publishing resumes");
     }
 }
