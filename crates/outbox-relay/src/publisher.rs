@@ -298,7 +298,7 @@ impl StreamHandler<Finished> for Publisher {
 impl Handler<Publish> for Publisher {
     type Result = ();
 
-    fn handle(&mut self, Publish(record): Publish, ctx: &mut Self::Context) {
+    fn handle(&mut self, Publish(record): Publish, _: &mut Self::Context) {
         if self.draining || self.held.contains_key(&record.room_id) {
             self.release(record);
             return;
