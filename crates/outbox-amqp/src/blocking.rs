@@ -205,6 +205,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_block_under_way_counts_only_from_the_clocks_start() {
+        let blocking = Blocking::default();
+        blocking.set(Some("low on memory"));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let started = Instant::now();
+        let clock = blocking.clock(Duration::from_secs(3));
+        tokio::pin!(clock);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(2), &mut clock)
+                .await
+                .is_err(),
+            "blocked: the clock stands still"
+        );
+        blocking.set(None);
+        // Two more blocks inside the budget, 1 s each.
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            blocking.set(Some("low on disk"));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            blocking.set(None);
+        }
+        clock.await;
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(7) && took < Duration::from_millis(7_100),
+            "3 s unblocked plus 2 s and 2 × 1 s blocked, took {took:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn unblocked_waits_for_the_end_of_a_block() {
         let blocking = Blocking::default();
         blocking.unblocked().await;
