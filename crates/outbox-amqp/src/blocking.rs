@@ -65,12 +65,12 @@ impl Blocking {
     pub(crate) fn follow(&self, connection: &Connection, url: &str) -> JoinHandle<()> {
         let mut events = connection.events_listener();
         let status = connection.status().clone();
-        let reason = Arc::clone(&self.state);
+        let state = Arc::clone(&self.state);
         let url = url.to_owned();
         // lapin sends an event only to listeners that exist: a block announced before
         // this one did shows only in the status flag.
         if status.blocked() {
-            block(&reason, &url, "blocked before the relay listened".into());
+            block(&state, &url, "blocked before the relay listened".into());
         }
         tokio::spawn(async move {
             // A lost connection ends a block too (its publishes fail), even while nothing
@@ -82,12 +82,12 @@ impl Blocking {
                     _ = look.tick() => None,
                 };
                 match event {
-                    Some(Event::ConnectionBlocked(why)) => block(&reason, &url, why),
+                    Some(Event::ConnectionBlocked(why)) => block(&state, &url, why),
                     Some(Event::ConnectionUnblocked) => {
-                        unblock(&reason, &url, "the broker unblocked")
+                        unblock(&state, &url, "the broker unblocked")
                     }
                     _ if !status.connected() => {
-                        unblock(&reason, &url, "the connection closed");
+                        unblock(&state, &url, "the connection closed");
                         return;
                     }
                     _ => {}

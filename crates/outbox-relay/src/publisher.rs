@@ -45,12 +45,11 @@ struct Finished {
 }
 
 /// One publisher of the pool: one confirm channel (the [`EventPublisher`] port), many
-/// publishes in flight, each its own task on the actor's thread (an actix context polls
-/// every future spawned in it whenever the actor wakes, so hundreds of publishes in
-/// flight made each confirm cost hundreds of polls; a task is polled only when its own
-/// confirm wakes it). A task reports its end through one stream of the actor. Under `per_room` ordering a room has one unconfirmed message at a
-/// time, and a failure releases the room's waiting records and holds the room until
-/// [`Unhold`] says its outcomes are written, so no later row overtakes them. See
+/// publishes in flight, each its own task on the actor's thread that reports its end
+/// through one stream of the actor (docs/design.md#publishing: why not `ctx.spawn`).
+/// Under `per_room` ordering a room has one unconfirmed message at a time, and a failure
+/// releases the room's waiting records and holds the room until [`Unhold`] says its
+/// outcomes are written, so no later row overtakes them. See
 /// docs/design.md#claims-leases-and-ordering.
 pub struct Publisher {
     /// The confirm channel.
