@@ -364,6 +364,15 @@ async fn create_and_fill(
             format!("VACUUM ANALYZE {t}"),
         ))
         .await?;
+        // And what it has not: a gigabyte of pages just written, which the kernel would
+        // otherwise write back during the measurement (its fill is long past). A
+        // checkpoint writes and syncs them (a superuser's or `pg_checkpoint`'s right).
+        if let Err(error) = db
+            .execute(Statement::from_string(backend, "CHECKPOINT".to_owned()))
+            .await
+        {
+            eprintln!("adopt: no CHECKPOINT after the fill ({error}); the pages just written may be written back during the measurement");
+        }
     }
     Ok(())
 }
