@@ -292,6 +292,37 @@ async fn each_backend_starts_its_own_feed(backend: Backend) {
 
 per_backend!(each_backend_starts_its_own_feed: postgres, sqlite, mariadb);
 
+/// With the insert trigger disabled (docs/operations.md: to spare the producers its
+/// NOTIFY), a node left with `notify = true` says so and probes: a lone event still
+/// arrives within a second.
+#[actix_rt::test]
+async fn postgres_with_the_trigger_off_probes_even_with_notify_on() {
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.log.format = "json".into();
+            settings.log.level = FEED_LOGS.into();
+        })
+        .build()
+        .await;
+    let t = app.database.table.as_str();
+    app.database
+        .execute(&format!("ALTER TABLE {t} DISABLE TRIGGER {t}_notify"))
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    eventually("the feed to start", Duration::from_secs(10), || {
+        std::future::ready(!relay.log_lines("listening for inserts").is_empty())
+    })
+    .await;
+    let started = relay.log_lines("listening for inserts");
+    assert_eq!(started[0]["feed"], "probe", "{}", started[0]);
+    let warned = relay.log_lines("the table's insert trigger");
+    assert_eq!(warned.len(), 1, "one warning: {warned:?}");
+    assert_eq!(warned[0]["level"], "WARN", "{}", warned[0]);
+    lone_event_within_a_second(&app, "trigger-off", "trigger-off-1").await;
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}
+
 #[actix_rt::test]
 async fn postgres_without_notify_starts_the_probe() {
     starts_feed(

@@ -10,7 +10,7 @@ use outbox_store::{SeaOrmStore, WakeUps};
 use std::collections::HashMap;
 use std::sync::Arc;
 use thiserror::Error;
-use tracing::info;
+use tracing::{info, warn};
 
 /// A problem of the settings or of the command line that only shows once the databases
 /// are asked (a column mapping that does not fit its table) or the outboxes are known (an
@@ -276,8 +276,20 @@ async fn start_one(
         Some(listen_url) if url == database.url => listen_url.clone(),
         _ => url.to_owned(),
     };
+    // A LISTEN hears nothing when the trigger was turned off (to spare the producers its
+    // NOTIFY): the probe instead, whatever `notify` says.
+    let mut notify = database.notify;
+    if notify && !store.announces_inserts().await.unwrap_or(true) {
+        warn!(
+            %outbox,
+            table = %store.table(),
+            "the table's insert trigger ({}_notify) is missing or disabled, so no NOTIFY announces new rows: probing for them instead (database.notify = false says so without this warning)",
+            store.table()
+        );
+        notify = false;
+    }
     let wake_ups = WakeUps {
-        listen_url: database.notify.then_some(listen_url),
+        listen_url: notify.then_some(listen_url),
         probe_interval: database.probe_interval,
         url: url.to_owned(),
     };

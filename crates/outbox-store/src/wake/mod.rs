@@ -11,9 +11,10 @@ pub mod data_version;
 pub mod listen;
 pub mod probe;
 
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, Params};
 use crate::SeaOrmStore;
 use outbox_core::{InsertFeed, StoreError};
+use sea_orm::ConnectionTrait;
 use std::time::Duration;
 
 /// Which wake-ups the settings allow.
@@ -44,6 +45,32 @@ impl SeaOrmStore {
                 wake_ups.probe_interval?,
             ))),
         }
+    }
+}
+
+impl SeaOrmStore {
+    /// Whether inserts into the table are announced: on PostgreSQL, whether its insert
+    /// trigger (`<table>_notify`, made by `migrate`) is there and enabled — without it a
+    /// LISTEN hears nothing (docs/operations.md, "What the NOTIFY costs the producers").
+    /// Always `true` elsewhere.
+    pub async fn announces_inserts(&self) -> Result<bool, StoreError> {
+        if Dialect::of(self.connection()) != Dialect::Postgres {
+            return Ok(true);
+        }
+        let t = self.table();
+        let mut params = Params::new(Dialect::Postgres);
+        let (table, name) = (params.bind(t.as_str()), params.bind(format!("{t}_notify")));
+        let row = self
+            .connection()
+            .query_one(params.statement(format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass({table}) \
+                 AND tgname = {name} AND tgenabled <> 'D') AS announced"
+            )))
+            .await
+            .map_err(database)?;
+        row.map_or(Ok(false), |row| {
+            row.try_get::<bool>("", "announced").map_err(database)
+        })
     }
 }
 
