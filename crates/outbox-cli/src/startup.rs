@@ -283,8 +283,8 @@ async fn start_one(
         warn!(
             %outbox,
             table = %store.table(),
-            "the table's insert trigger ({}_notify) is missing or disabled, so no NOTIFY announces new rows: probing for them instead (database.notify = false says so without this warning)",
-            store.table()
+            "the table's insert trigger ({}) is missing or disabled, so no NOTIFY announces new rows: probing for them instead (database.notify = false says so without this warning)",
+            store.table().notify_trigger()
         );
         notify = false;
     }

@@ -29,6 +29,12 @@ impl TableName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// PostgreSQL: the name of the table's insert trigger and of its function, which
+    /// `migrate` creates.
+    pub fn notify_trigger(&self) -> String {
+        format!("{}_notify", self.0)
+    }
 }
 
 /// `[a-z_][a-z0-9_]*` of at most `max_len` characters, and no reserved word: a name that

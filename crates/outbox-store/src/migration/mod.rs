@@ -194,15 +194,16 @@ fn create_notify(cx: &Context<'_>) -> Result<Vec<String>, Error> {
     if cx.dialect != Dialect::Postgres {
         return Ok(Vec::new());
     }
+    let notify = t.notify_trigger();
     Ok(vec![
         format!(
-            "CREATE OR REPLACE FUNCTION {t}_notify() RETURNS trigger LANGUAGE plpgsql AS \
+            "CREATE OR REPLACE FUNCTION {notify}() RETURNS trigger LANGUAGE plpgsql AS \
              $$ BEGIN PERFORM pg_notify('{t}', ''); RETURN NULL; END $$"
         ),
-        format!("DROP TRIGGER IF EXISTS {t}_notify ON {t}"),
+        format!("DROP TRIGGER IF EXISTS {notify} ON {t}"),
         format!(
-            "CREATE TRIGGER {t}_notify AFTER INSERT ON {t} \
-             FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()"
+            "CREATE TRIGGER {notify} AFTER INSERT ON {t} \
+             FOR EACH STATEMENT EXECUTE FUNCTION {notify}()"
         ),
     ])
 }

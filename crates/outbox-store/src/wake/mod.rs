@@ -46,11 +46,9 @@ impl SeaOrmStore {
             ))),
         }
     }
-}
 
-impl SeaOrmStore {
     /// Whether inserts into the table are announced: on PostgreSQL, whether its insert
-    /// trigger (`<table>_notify`, made by `migrate`) is there and enabled — without it a
+    /// trigger ([`crate::TableName::notify_trigger`], made by `migrate`) is there and enabled — without it a
     /// LISTEN hears nothing (docs/operations.md, "What the NOTIFY costs the producers").
     /// Always `true` elsewhere.
     pub async fn announces_inserts(&self) -> Result<bool, StoreError> {
@@ -59,7 +57,7 @@ impl SeaOrmStore {
         }
         let t = self.table();
         let mut params = Params::new(Dialect::Postgres);
-        let (table, name) = (params.bind(t.as_str()), params.bind(format!("{t}_notify")));
+        let (table, name) = (params.bind(t.as_str()), params.bind(t.notify_trigger()));
         let row = self
             .connection()
             .query_one(params.statement(format!(
