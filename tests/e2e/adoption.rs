@@ -571,7 +571,19 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
                     "no table lock that stops inserts",
                     "one batch of pages at a time (tens of milliseconds each)",
                     "CONCURRENTLY (SHARE UPDATE EXCLUSIVE: inserts and updates go on",
+                    "ENABLE TRIGGER if migrate disabled it",
                 ],
+            );
+            says(
+                &locks,
+                "m20261202_000003_create_room_outbox_notify",
+                &["created disabled until the finishing step ends"],
+            );
+            assert!(
+                plan.contains(&format!("ALTER TABLE {t} DISABLE TRIGGER {t}_notify;"))
+                    && plan.contains(&format!("ALTER TABLE {t} ENABLE TRIGGER {t}_notify;"))
+                    && plan.contains("backend_flush_after = '256kB'"),
+                "the trigger off during the adoption, the backfill's writes flushed as they go:\n{plan}"
             );
             assert!(
                 plan.contains(&format!("ALTER TABLE {t} ADD COLUMN seq BIGINT NULL;"))
@@ -641,6 +653,101 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
 }
 
 outbox_tests::per_backend!(dry_run_says_what_each_step_locks: postgres, mariadb);
+
+/// The insert trigger's state in `pg_trigger` (`O` on, `D` off) and its comment.
+async fn trigger_state(fixture: &Fixture) -> (String, Option<String>) {
+    let t = &fixture.table;
+    let sql = format!(
+        "SELECT tgenabled::text, obj_description(oid, 'pg_trigger') FROM pg_trigger \
+         WHERE tgrelid = '{t}'::regclass AND tgname = '{t}_notify'"
+    );
+    let row = fixture
+        .database
+        .db()
+        .query_one(Statement::from_string(DbBackend::Postgres, sql.clone()))
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"))
+        .expect("the insert trigger exists");
+    (
+        row.try_get_by_index(0).expect("tgenabled"),
+        row.try_get_by_index(1).expect("the comment"),
+    )
+}
+
+/// PostgreSQL: while `migrate` adopts a table, its insert trigger is off (created
+/// disabled, with a comment saying so: no relay claims before the indexes exist, and
+/// NOTIFYing commits take turns); the run that finishes the adoption turns it on. Here
+/// the first run fails in its finishing step (the producer's own position column has a
+/// duplicate, so its unique index cannot be built): the trigger stays off; once the
+/// duplicate is mended, the next run finishes and turns it on. A trigger the operator
+/// turned off afterwards (docs/operations.md) stays off through a later finishing step.
+#[actix_rt::test]
+async fn the_insert_trigger_is_on_once_the_adoption_finishes() {
+    let fixture = Fixture::new(Backend::Postgres, "adopt_trigger").await;
+    fixture
+        .execute(
+            "CREATE TABLE {t} (id UUID PRIMARY KEY, aggregatetype VARCHAR(255) NOT NULL, \
+             aggregateid VARCHAR(255) NOT NULL, type VARCHAR(255) NOT NULL, \
+             payload JSONB NOT NULL, seq BIGINT NOT NULL)",
+        )
+        .await;
+    fixture
+        .execute(
+            "INSERT INTO {t} SELECT gen_random_uuid(), 'order', 'k-' || (g % 5), \
+             'OrderCreated', jsonb_build_object('n', g), least(g, 99) \
+             FROM generate_series(1, 100) g",
+        )
+        .await;
+    let broker = TestBroker::new("#").await;
+    let mut settings = debezium_settings(&fixture, &broker);
+    let file = SettingsFile::write(&settings);
+
+    let failed = file.run(crate::RELAY, &["migrate"]);
+    let log = stderr(&failed);
+    assert!(
+        !failed.status.success(),
+        "migrate succeeded over a duplicate position:\n{log}"
+    );
+    assert!(log.contains("could not create unique index"), "{log}");
+    let (enabled, comment) = trigger_state(&fixture).await;
+    assert_eq!(
+        enabled, "D",
+        "the trigger is off while the adoption is unfinished"
+    );
+    assert!(
+        comment
+            .as_deref()
+            .is_some_and(|c| c.contains("until the adoption")),
+        "{comment:?}"
+    );
+
+    fixture
+        .execute("UPDATE {t} SET seq = 100 WHERE seq = 99 AND (payload->>'n')::int = 100")
+        .await;
+    succeeded("migrate", &file.run(crate::RELAY, &["migrate"]));
+    assert_eq!(
+        trigger_state(&fixture).await,
+        ("O".to_owned(), None),
+        "the trigger is on, its comment gone, once the adoption finished"
+    );
+
+    // The operator's way out of NOTIFY; then a mapping change, after which `migrate` runs
+    // the finishing step again (for a newly mapped position's numbers and index).
+    fixture
+        .execute("ALTER TABLE {t} DISABLE TRIGGER {t}_notify")
+        .await;
+    settings.database.columns.headers = "hdrs".into();
+    let file = SettingsFile::write(&settings);
+    let again = succeeded("migrate", &file.run(crate::RELAY, &["migrate"]));
+    assert!(again.contains("applied add_mapped_columns"), "{again}");
+    assert_eq!(
+        trigger_state(&fixture).await.0,
+        "D",
+        "the operator's DISABLE stays"
+    );
+    broker.close().await;
+    fixture.finish().await;
+}
 
 /// The JSON log lines of `relay` with `message`, by their `field`.
 fn by_field(

@@ -30,6 +30,10 @@ pub(crate) struct Context<'a> {
     columns: &'a Columns,
     /// The table's columns now; `None` when it does not exist yet.
     shape: Option<&'a TableShape>,
+    /// PostgreSQL: this run adopts a table that existed before it (the finishing step,
+    /// [`online::FINISH`], is still to run on it): the insert trigger is created disabled
+    /// and the finishing step enables it ([`create_notify`]).
+    adopting: bool,
 }
 
 impl Context<'_> {
@@ -52,6 +56,7 @@ fn create_table(dialect: Dialect, table: &TableName) -> Vec<String> {
         table,
         columns: &Columns::default(),
         shape: None,
+        adopting: false,
     })
 }
 
@@ -195,7 +200,7 @@ fn create_notify(cx: &Context<'_>) -> Result<Vec<String>, Error> {
         return Ok(Vec::new());
     }
     let notify = t.notify_trigger();
-    Ok(vec![
+    let mut statements = vec![
         format!(
             "CREATE OR REPLACE FUNCTION {notify}() RETURNS trigger LANGUAGE plpgsql AS \
              $$ BEGIN PERFORM pg_notify('{t}', ''); RETURN NULL; END $$"
@@ -205,7 +210,22 @@ fn create_notify(cx: &Context<'_>) -> Result<Vec<String>, Error> {
             "CREATE TRIGGER {notify} AFTER INSERT ON {t} \
              FOR EACH STATEMENT EXECUTE FUNCTION {notify}()"
         ),
-    ])
+    ];
+    if cx.adopting {
+        // Adopting a live table: no relay can claim before the finishing step has numbered
+        // the rows and built the indexes, so a NOTIFY would wake nobody; but every
+        // NOTIFYing commit holds a lock through its flush, so while the backfill and the
+        // index builds keep the disk busy the producers' commits would take turns behind
+        // each slow flush (BENCHMARKS.md, "Adopting a live table"). Enabled by the
+        // finishing step, which knows it from the comment (an operator's own DISABLE
+        // has none, and stays).
+        statements.push(format!("ALTER TABLE {t} DISABLE TRIGGER {notify}"));
+        statements.push(format!(
+            "COMMENT ON TRIGGER {notify} ON {t} IS '{}'",
+            online::DISABLED_UNTIL_FINISHED
+        ));
+    }
+    Ok(statements)
 }
 
 /// `<table>_lock`: one row whose row lock serialises per-room claims across nodes
@@ -267,10 +287,10 @@ pub struct PlannedStep {
 fn lock_note(name: &str, dialect: Dialect) -> &'static str {
     match (dialect, name) {
         (Dialect::Sqlite, _) => "the database's write lock, for the step's statements (milliseconds on a new table; adding created_at to an existing one rewrites each row)",
-        (Dialect::Postgres, online::FINISH) => "no table lock that stops inserts: row locks of one batch of pages at a time (tens of milliseconds each), then each index built CONCURRENTLY (SHARE UPDATE EXCLUSIVE: inserts and updates go on; it waits for older transactions)",
+        (Dialect::Postgres, online::FINISH) => "no table lock that stops inserts: row locks of one batch of pages at a time (tens of milliseconds each), then each index built CONCURRENTLY (SHARE UPDATE EXCLUSIVE: inserts and updates go on; it waits for older transactions), then ENABLE TRIGGER if migrate disabled it (SHARE ROW EXCLUSIVE: milliseconds; at most 100 ms waiting for the lock, retried)",
         (Dialect::Postgres, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ACCESS EXCLUSIVE on the table for catalogue changes only (no rewrite, no index build): milliseconds; it waits at most 100 ms for the lock (lock_timeout), then gives up and is retried",
         (Dialect::Postgres, "m20261204_000008_drop_room_outbox_room_index") => "ACCESS EXCLUSIVE on the table for DROP INDEX: milliseconds once granted; at most 100 ms waiting for the lock, retried",
-        (Dialect::Postgres, "m20261202_000003_create_room_outbox_notify") => "SHARE ROW EXCLUSIVE on the table for CREATE TRIGGER: milliseconds; at most 100 ms waiting for the lock, retried",
+        (Dialect::Postgres, "m20261202_000003_create_room_outbox_notify") => "SHARE ROW EXCLUSIVE on the table for CREATE TRIGGER (on a table being adopted, created disabled until the finishing step ends, so the producers' commits do not take turns at NOTIFY while the backfill and the index builds keep the disk busy): milliseconds; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, _) => "SHARE UPDATE EXCLUSIVE or none (inserts go on): milliseconds; at most 100 ms waiting for the lock, retried",
         (Dialect::MySql, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds; each statement waits at most 1 s for the metadata lock behind a transaction open on the table (lock_wait_timeout; inserts queue behind it meanwhile), then gives up and is retried",
         (Dialect::MySql, _) => "a metadata lock: milliseconds; at most 1 s waiting for it, retried",
@@ -288,11 +308,13 @@ pub async fn plan(
     let migrations = format!("{table}_migrations");
     let recorded_any = TableShape::read(db, &migrations).await?.is_some();
     let shape = TableShape::read(db, table.as_str()).await?;
+    let finished = recorded_any && is_recorded(db, table, online::FINISH).await?;
     let cx = Context {
         dialect,
         table,
         columns,
         shape: shape.as_ref(),
+        adopting: dialect == Dialect::Postgres && shape.is_some() && !finished,
     };
     let mut steps = Vec::new();
     for migration in MIGRATIONS {
@@ -317,10 +339,7 @@ pub async fn plan(
             });
         }
     }
-    if dialect == Dialect::Postgres
-        && shape.is_some()
-        && (added || !(recorded_any && is_recorded(db, table, online::FINISH).await?))
-    {
+    if dialect == Dialect::Postgres && shape.is_some() && (added || !finished) {
         steps.push(PlannedStep {
             name: online::FINISH,
             statements: online::finish_statements(&cx),
@@ -378,12 +397,17 @@ pub async fn migrate_columns(
     let txn = lock(db, table).await?;
     let created = txn.execute_unprepared(&create).await.map(|_| ());
     unlock::<_, DbErr>(txn, table, created).await?;
+    // PostgreSQL: a table that exists before its finishing step ran is being adopted (a
+    // table this run creates has every index already when the finishing step comes).
+    let adopting = Dialect::of(db) == Dialect::Postgres
+        && TableShape::read(db, table.as_str()).await?.is_some()
+        && !is_recorded(db, table, online::FINISH).await?;
 
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
         let done = online::retry_lock_timeouts(table, migration.name, || async {
             let txn = lock(db, table).await?;
-            let done = apply(&txn, table, columns, migration).await;
+            let done = apply(&txn, table, columns, migration, adopting).await;
             unlock(txn, table, done).await
         })
         .await;
@@ -471,6 +495,7 @@ async fn finish(
         table,
         columns,
         shape: shape.as_ref(),
+        adopting: false,
     };
     online::finish(db, &cx).await?;
     if is_recorded(txn, table, online::FINISH).await? {
@@ -497,6 +522,7 @@ async fn add_mapped(
         table,
         columns,
         shape: shape.as_ref(),
+        adopting: false,
     };
     let Some(statements) = add_mapped_columns(&cx)? else {
         return Ok(false);
@@ -517,6 +543,7 @@ async fn apply(
     table: &TableName,
     columns: &Columns,
     migration: &Migration,
+    adopting: bool,
 ) -> Result<bool, Error> {
     if is_recorded(txn, table, migration.name).await? {
         return Ok(false);
@@ -528,6 +555,7 @@ async fn apply(
         table,
         columns,
         shape: shape.as_ref(),
+        adopting,
     };
     for statement in (migration.statements)(&cx)? {
         txn.execute_unprepared(&statement).await?;

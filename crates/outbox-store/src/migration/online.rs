@@ -7,6 +7,9 @@
 //!   afterwards, in batches of pages, in their physical order ([`backfill`]).
 //! - Every index of an adopted table is built `CONCURRENTLY`, outside any transaction,
 //!   after the backfill ([`finish_statements`]); producers keep inserting meanwhile.
+//! - The insert trigger is created disabled and enabled once the indexes are built: no
+//!   relay claims before, and each NOTIFYing commit holds a lock through its flush, so
+//!   the producers' commits would take turns behind every flush the backfill slows down.
 //! - Every migration transaction sets a short `lock_timeout` once it holds the migration
 //!   lock ([`LOCK_TIMEOUT`]): an `ALTER TABLE` that would wait behind a long transaction
 //!   gives up at once (and is retried, `super::migrate_columns`) instead of making every
@@ -70,6 +73,13 @@ pub(super) fn retry_delay(attempt: u32) -> Duration {
     Duration::from_millis(50u64 << attempt.min(5)).min(Duration::from_secs(2))
 }
 
+/// The backfill's own writes are handed to the kernel for writing out every this many
+/// bytes (`backend_flush_after`, off by default): otherwise the rows it rewrites pile up
+/// as gigabytes of dirty pages that the kernel then writes out at once, and a producer's
+/// commit flush waits a few hundred milliseconds behind them (BENCHMARKS.md, "Adopting a
+/// live table").
+const BACKFILL_FLUSH_AFTER: &str = "256kB";
+
 /// Pages of the table per backfill statement: with rows of a few hundred bytes, some
 /// 10,000 rows, a statement of tens of milliseconds that locks only those rows.
 const BACKFILL_PAGES: i64 = 256;
@@ -77,6 +87,13 @@ const BACKFILL_PAGES: i64 = 256;
 /// The name of the step that numbers the existing rows and builds the indexes. Recorded
 /// like a migration once done.
 pub(super) const FINISH: &str = "m20261204_000006_finish_room_outbox_adoption";
+
+/// The comment on the insert trigger of a table being adopted, which `migrate` created
+/// disabled (`create_notify`): the finishing step enables the trigger only when it says
+/// this, so an operator's own `DISABLE TRIGGER` stays.
+/// (No quote in it: it goes into the statement as a literal.)
+pub(super) const DISABLED_UNTIL_FINISHED: &str =
+    "disabled by outbox-relay migrate until the adoption finishes (backfill, index builds)";
 
 /// PostgreSQL's most row versions on one 8 KiB heap page (`MaxHeapTuplesPerPage`).
 const MAX_ROWS_PER_PAGE: i64 = 291;
@@ -109,11 +126,26 @@ fn sequence(cx: &Context<'_>, position: &str) -> String {
 /// the indexes, each `CONCURRENTLY`.
 pub(super) fn finish_statements(cx: &Context<'_>) -> Vec<String> {
     let mut statements = vec![format!(
-        "-- in batches of {BACKFILL_PAGES} pages, each its own transaction: {}",
+        "-- in batches of {BACKFILL_PAGES} pages, each its own transaction with \
+         backend_flush_after = '{BACKFILL_FLUSH_AFTER}': {}",
         backfill_statement(cx, 0)
     )];
     statements.extend(concurrent_indexes(cx));
+    // Run only when migrate disabled the trigger for the adoption (its comment says so):
+    // the step's lock note says what it locks.
+    statements.extend(enable_trigger(cx));
     statements
+}
+
+/// Enables the insert trigger `migrate` created disabled, and drops the comment that says
+/// so ([`DISABLED_UNTIL_FINISHED`]).
+fn enable_trigger(cx: &Context<'_>) -> [String; 2] {
+    let t = cx.table;
+    let notify = t.notify_trigger();
+    [
+        format!("ALTER TABLE {t} ENABLE TRIGGER {notify}"),
+        format!("COMMENT ON TRIGGER {notify} ON {t} IS NULL"),
+    ]
 }
 
 /// Numbers the rows of pages `[first, first + BACKFILL_PAGES)` whose position is NULL, in
@@ -204,6 +236,22 @@ pub(super) async fn finish(db: &DatabaseConnection, cx: &Context<'_>) -> Result<
         drop_if_invalid(db, &statement).await?;
         db.execute_unprepared(&statement).await?;
     }
+    let mut params = Params::new(Dialect::Postgres);
+    let (table, trigger, comment) = (
+        params.bind(t.as_str()),
+        params.bind(t.notify_trigger()),
+        params.bind(DISABLED_UNTIL_FINISHED),
+    );
+    let disabled_by_us = db
+        .query_one(params.statement(format!(
+            "SELECT 1 AS disabled FROM pg_trigger WHERE tgrelid = to_regclass({table}) \
+             AND tgname = {trigger} AND obj_description(oid, 'pg_trigger') = {comment}"
+        )))
+        .await?
+        .is_some();
+    if disabled_by_us {
+        with_lock_timeout(db, cx, &enable_trigger(cx)).await?;
+    }
     Ok(())
 }
 
@@ -228,8 +276,14 @@ async fn backfill(db: &DatabaseConnection, cx: &Context<'_>) -> Result<(), Error
     ))
     .await?;
     let mut first = 0;
+    let flush_after = format!("SET LOCAL backend_flush_after = '{BACKFILL_FLUSH_AFTER}'");
     while first <= pages {
-        with_lock_timeout(db, cx, &backfill_statement(cx, first)).await?;
+        with_lock_timeout(
+            db,
+            cx,
+            &[flush_after.clone(), backfill_statement(cx, first)],
+        )
+        .await?;
         first += BACKFILL_PAGES;
     }
     db.execute_unprepared(&format!(
@@ -240,18 +294,20 @@ async fn backfill(db: &DatabaseConnection, cx: &Context<'_>) -> Result<(), Error
     Ok(())
 }
 
-/// Runs `statement` in a transaction of its own under [`LOCK_TIMEOUT`], retried when it
-/// times out.
+/// Runs `statements` in a transaction of their own under [`LOCK_TIMEOUT`], retried when
+/// it times out.
 async fn with_lock_timeout(
     db: &DatabaseConnection,
     cx: &Context<'_>,
-    statement: &str,
+    statements: &[String],
 ) -> Result<(), Error> {
     retry_lock_timeouts(cx.table, FINISH, || async {
         let txn = db.begin().await?;
         txn.execute_unprepared(&format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
             .await?;
-        txn.execute_unprepared(statement).await?;
+        for statement in statements {
+            txn.execute_unprepared(statement).await?;
+        }
         txn.commit().await?;
         Ok(())
     })
@@ -322,15 +378,33 @@ mod tests {
             table: &table,
             columns: &columns,
             shape: None,
+            adopting: true,
         };
         let added = add_position(&cx, "seq");
         assert_eq!(added[1], "ALTER TABLE outbox ADD COLUMN seq BIGINT NULL");
         assert!(added.iter().all(|s| !s.contains("BIGSERIAL")), "{added:?}");
         let finish = finish_statements(&cx);
         assert!(finish[0].contains("ctid >= '(0,0)'::tid"), "{}", finish[0]);
-        assert!(finish[1..]
+        assert!(finish[0].contains("backend_flush_after"), "{}", finish[0]);
+        let (indexes, trigger) = finish[1..].split_at(finish.len() - 3);
+        assert!(indexes
             .iter()
             .all(|s| s.contains(" INDEX CONCURRENTLY IF NOT EXISTS ")));
+        assert_eq!(
+            trigger[0],
+            "ALTER TABLE outbox ENABLE TRIGGER outbox_notify"
+        );
+        let created = super::super::create_notify(&cx).unwrap();
+        assert_eq!(
+            created[3],
+            "ALTER TABLE outbox DISABLE TRIGGER outbox_notify"
+        );
+        assert!(created[4].contains(DISABLED_UNTIL_FINISHED), "{created:?}");
+        let fresh = Context {
+            adopting: false,
+            ..cx
+        };
+        assert_eq!(super::super::create_notify(&fresh).unwrap().len(), 3);
         assert_eq!(retry_delay(1), Duration::from_millis(100));
         assert_eq!(retry_delay(30), Duration::from_millis(1600));
     }
