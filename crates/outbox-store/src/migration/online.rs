@@ -20,7 +20,7 @@ use super::Context;
 use crate::dialect::{Dialect, Params};
 use crate::error::Error;
 use crate::sql::Index;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, RuntimeErr, TransactionTrait};
 use std::time::Duration;
 
 /// How long a migration's statement may wait for a table lock on PostgreSQL before it
@@ -234,7 +234,7 @@ pub(super) async fn finish(db: &DatabaseConnection, cx: &Context<'_>) -> Result<
             continue;
         }
         drop_if_invalid(db, &statement).await?;
-        db.execute_unprepared(&statement).await?;
+        build_index(db, &statement).await?;
     }
     let mut params = Params::new(Dialect::Postgres);
     let (table, trigger, comment) = (
@@ -314,6 +314,33 @@ async fn with_lock_timeout(
     .await
 }
 
+/// Runs the index build `statement` on a connection of its own under
+/// [`BACKFILL_FLUSH_AFTER`] too: its first scan of the table sets the hint bits of every
+/// row the backfill wrote, dirtying every page again. A session setting, put back after
+/// (`CONCURRENTLY` cannot run in a transaction, where `SET LOCAL` would end with it).
+async fn build_index(db: &DatabaseConnection, statement: &str) -> Result<(), Error> {
+    use sea_orm::sqlx;
+    let failed = |error: sqlx::Error| Error::Database(DbErr::Exec(RuntimeErr::SqlxError(error)));
+    let mut connection = db
+        .get_postgres_connection_pool()
+        .acquire()
+        .await
+        .map_err(failed)?;
+    sqlx::raw_sql(&format!(
+        "SET backend_flush_after = '{BACKFILL_FLUSH_AFTER}'"
+    ))
+    .execute(&mut *connection)
+    .await
+    .map_err(failed)?;
+    let built = sqlx::raw_sql(statement).execute(&mut *connection).await;
+    let reset = sqlx::raw_sql("RESET backend_flush_after")
+        .execute(&mut *connection)
+        .await;
+    built.map_err(failed)?;
+    reset.map_err(failed)?;
+    Ok(())
+}
+
 /// A `CREATE … INDEX CONCURRENTLY IF NOT EXISTS name` that failed earlier leaves an invalid
 /// index of that name, which `IF NOT EXISTS` would keep: dropped first.
 async fn drop_if_invalid(db: &DatabaseConnection, statement: &str) -> Result<(), Error> {
@@ -345,7 +372,6 @@ async fn drop_if_invalid(db: &DatabaseConnection, statement: &str) -> Result<(),
 /// MySQL/MariaDB's `ER_LOCK_WAIT_TIMEOUT` (1205, `lock_wait_timeout` for a metadata lock).
 pub(super) fn is_lock_timeout(error: &DbErr) -> bool {
     use sea_orm::sqlx::mysql::MySqlDatabaseError;
-    use sea_orm::RuntimeErr;
     let (DbErr::Exec(RuntimeErr::SqlxError(error)) | DbErr::Query(RuntimeErr::SqlxError(error))) =
         error
     else {
