@@ -24,6 +24,7 @@
 //! - [`instruments`]: the metrics the actors record (names, and handles resolved once).
 
 pub mod fetcher;
+mod flight;
 pub mod floor;
 pub mod instruments;
 pub mod janitor;

@@ -1,5 +1,6 @@
 //! [`Publisher`]: publishes records on one confirm channel with many confirms in flight.
 
+use crate::flight::Flight;
 use crate::instruments::ConfirmTimes;
 use crate::marker::Outcome;
 use crate::waiters::Waiters;
@@ -9,7 +10,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tracing::warn;
 
 /// Publish this record (from the Fetcher).
@@ -33,7 +33,7 @@ pub struct Unhold {
 #[rtype(result = "()")]
 pub struct Drain;
 
-/// A publish's end, sent back by its task.
+/// A publish's end, sent back by the flight.
 struct Finished {
     /// The publish's start number.
     start: u64,
@@ -45,8 +45,9 @@ struct Finished {
 }
 
 /// One publisher of the pool: one confirm channel (the [`EventPublisher`] port), many
-/// publishes in flight, each its own task on the actor's thread that reports its end
-/// through one stream of the actor (docs/design.md#publishing: why not `ctx.spawn`).
+/// publishes in flight, carried by one task on the actor's thread (its [`Flight`]) that
+/// reports each end through one stream of the actor (docs/design.md#publishing: why not
+/// `ctx.spawn`, why not a task per publish).
 /// Under `per_room` ordering a room has one unconfirmed message at a time, and a failure
 /// releases the room's waiting records and holds the room until [`Unhold`] says its
 /// outcomes are written, so no later row overtakes them. See
@@ -62,10 +63,12 @@ pub struct Publisher {
     rooms: HashMap<String, VecDeque<OutboxRecord>>,
     /// Under `per_room`: rooms held back, with their failures and releases not yet written.
     held: HashMap<String, usize>,
-    /// Publishes awaiting their confirm, by start number: their task, their record
-    /// without its body, and the body's size when claimed.
-    in_flight: HashMap<u64, (JoinHandle<()>, OutboxRecord, usize)>,
-    /// Where each publish's task reports its end, and (until the actor starts) the
+    /// Publishes awaiting their confirm, by start number: their record without its
+    /// body, and the body's size when claimed.
+    in_flight: HashMap<u64, (OutboxRecord, usize)>,
+    /// The task that carries them; started with the first publish.
+    flight: Option<Flight<Finished>>,
+    /// Where the flight reports each publish's end, and (until the actor starts) the
     /// stream the actor reads them from.
     finished: mpsc::UnboundedSender<Finished>,
     finishes: Option<mpsc::UnboundedReceiver<Finished>>,
@@ -99,6 +102,7 @@ impl Publisher {
             rooms: HashMap::new(),
             held: HashMap::new(),
             in_flight: HashMap::new(),
+            flight: None,
             finished,
             finishes: Some(finishes),
             next_start: 0,
@@ -154,8 +158,7 @@ impl Publisher {
             created_at: record.created_at,
             columns: Vec::new(),
         };
-        let finished = self.finished.clone();
-        let task = actix_rt::spawn(async move {
+        let leg = async move {
             let mut record = record;
             let handed_off = std::time::Instant::now();
             let result = match port.publish(&record).await {
@@ -168,15 +171,18 @@ impl Publisher {
                 }
                 Err(error) => Err(error),
             };
-            // Gone only when the actor is: nobody is left to tell.
-            let _ = finished.send(Finished {
+            Finished {
                 start,
                 record,
                 result,
                 took: handed_off.elapsed(),
-            });
-        });
-        self.in_flight.insert(start, (task, kept, bytes));
+            }
+        };
+        let finished = &self.finished;
+        self.flight
+            .get_or_insert_with(|| Flight::start(finished.clone()))
+            .launch(leg);
+        self.in_flight.insert(start, (kept, bytes));
     }
 
     /// The drain's limit passed: the publishes still in flight are abandoned (a broker that
@@ -189,9 +195,10 @@ impl Publisher {
             abandoned = self.in_flight.len(),
             "publishes still unconfirmed when the shutdown's bound passed: abandoned, their rows released"
         );
+        // Dropping the flight abandons every publish in it.
+        self.flight = None;
         let abandoned: Vec<_> = self.in_flight.drain().map(|(_, entry)| entry).collect();
-        for (task, record, bytes) in abandoned {
-            task.abort();
+        for (record, bytes) in abandoned {
             self.rooms.remove(&record.room_id);
             self.report(record, OutcomeKind::Released, bytes);
         }
@@ -263,16 +270,6 @@ impl Actor for Publisher {
     }
 }
 
-impl Drop for Publisher {
-    fn drop(&mut self) {
-        // Stopped with publishes in flight (the system shutting down): their tasks go too,
-        // as futures spawned in the context would.
-        for (task, _, _) in self.in_flight.values() {
-            task.abort();
-        }
-    }
-}
-
 impl StreamHandler<Finished> for Publisher {
     fn handle(&mut self, finished: Finished, ctx: &mut Self::Context) {
         let Finished {
@@ -281,7 +278,7 @@ impl StreamHandler<Finished> for Publisher {
             result,
             took,
         } = finished;
-        let Some((_, _, bytes)) = self.in_flight.remove(&start) else {
+        let Some((_, bytes)) = self.in_flight.remove(&start) else {
             return; // abandoned by a drain meanwhile
         };
         if result.is_ok() {
