@@ -24,7 +24,7 @@
 //! Then the message's own id was returned or it was not ([`Confirms::settle`]).
 
 use lapin::{Channel, Confirmation, PublisherConfirm};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -50,6 +50,9 @@ struct Shared {
 struct State {
     next: u64,
     slots: HashMap<u64, Slot>,
+    /// The slots still [`Slot::Handing`] (few: a settle waits for them, and looking them
+    /// up among all the slots in flight cost every settle a walk over hundreds).
+    handing: BTreeSet<u64>,
     /// Ids of returned messages whose owners have not asked yet.
     returned: HashSet<String>,
 }
@@ -116,6 +119,7 @@ impl Confirms {
         let seq = state.next;
         state.next += 1;
         state.slots.insert(seq, Slot::Handing);
+        state.handing.insert(seq);
         Ticket {
             shared: Arc::clone(&self.shared),
             seq: Some(seq),
@@ -130,15 +134,7 @@ impl Confirms {
         // for afterwards (the last publish's confirm) is not wanted, so it is dropped.
         let _ = futures_lite::future::poll_once(channel.wait_for_confirms()).await;
         // 2. The hand-offs under way now end (each reads its confirm as it is handed).
-        let handing: Vec<u64> = {
-            let state = self.shared.state();
-            state
-                .slots
-                .iter()
-                .filter(|(_, slot)| matches!(slot, Slot::Handing))
-                .map(|(seq, _)| *seq)
-                .collect()
-        };
+        let handing: Vec<u64> = self.shared.state().handing.iter().copied().collect();
         for seq in handing {
             loop {
                 let ended = self.shared.handed.notified();
@@ -223,6 +219,7 @@ impl Ticket {
                 },
             };
             state.slots.insert(seq, slot);
+            state.handing.remove(&seq);
         }
         self.shared.handed.notify_waiters();
         Tracked {
@@ -236,7 +233,10 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(seq) = self.seq.take() {
-            self.shared.state().slots.remove(&seq);
+            let mut state = self.shared.state();
+            state.slots.remove(&seq);
+            state.handing.remove(&seq);
+            drop(state);
             self.shared.handed.notify_waiters();
         }
     }

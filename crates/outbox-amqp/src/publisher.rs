@@ -25,29 +25,40 @@ pub(crate) const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_
 /// `basic.return` to its own message (docs/design.md#publishing, "Returns").
 #[derive(Debug)]
 pub struct AmqpPublisher {
-    channel: Mutex<Option<(Channel, Arc<Confirms>)>>,
+    channel: Mutex<Option<Arc<Open>>>,
     link: Arc<Link>,
     /// Where its outbox's messages go, and the header of their ordering key.
     routing: Arc<Routing>,
 }
 
+/// An open confirm channel and its confirms, shared by the publishes on it (one `Arc`
+/// to clone per publish: a lapin `Channel`'s clone is a dozen).
+#[derive(Debug)]
+struct Open {
+    channel: Channel,
+    confirms: Confirms,
+}
+
 impl AmqpPublisher {
     pub(crate) fn new(channel: Channel, link: Arc<Link>, routing: Arc<Routing>) -> Self {
         Self {
-            channel: Mutex::new(Some((channel, Arc::default()))),
+            channel: Mutex::new(Some(Arc::new(Open {
+                channel,
+                confirms: Confirms::default(),
+            }))),
             link,
             routing,
         }
     }
 
     /// The open channel and its confirms, or a new one.
-    async fn channel(&self) -> Result<(Channel, Arc<Confirms>), PublishError> {
+    async fn channel(&self) -> Result<Arc<Open>, PublishError> {
         let mut slot = self.channel.lock().await;
-        if let Some((channel, confirms)) = slot
+        if let Some(open) = slot
             .as_ref()
-            .filter(|(channel, _)| channel.status().connected())
+            .filter(|open| open.channel.status().connected())
         {
-            return Ok((channel.clone(), Arc::clone(confirms)));
+            return Ok(Arc::clone(open));
         }
         *slot = None;
         let channel = self
@@ -55,9 +66,12 @@ impl AmqpPublisher {
             .confirm_channel()
             .await
             .map_err(|error| PublishError::Channel(error.to_string()))?;
-        let confirms = Arc::<Confirms>::default();
-        *slot = Some((channel.clone(), Arc::clone(&confirms)));
-        Ok((channel, confirms))
+        let open = Arc::new(Open {
+            channel,
+            confirms: Confirms::default(),
+        });
+        *slot = Some(Arc::clone(&open));
+        Ok(open)
     }
 }
 
@@ -122,7 +136,7 @@ impl EventPublisher for AmqpPublisher {
         let properties = outbox_properties(record, &settings.message, &labels)?;
         let (properties, span) = PublishSpan::start(record, exchange, &routing_key, properties);
         let handed_off = async {
-            let (channel, confirms) = within(&mut clock, timeout, self.channel()).await??;
+            let open = within(&mut clock, timeout, self.channel()).await??;
             // Held until lapin wrote the body: at most HANDOFF_BYTES queued there, so a
             // large body is not held twice for every record in flight (handoff.rs).
             let _queued = within(
@@ -135,8 +149,8 @@ impl EventPublisher for AmqpPublisher {
                 mandatory: true,
                 ..BasicPublishOptions::default()
             };
-            let ticket = confirms.begin();
-            let handed_off = channel.basic_publish(
+            let ticket = open.confirms.begin();
+            let handed_off = open.channel.basic_publish(
                 exchange.into(),
                 routing_key.as_str().into(),
                 options,
@@ -146,9 +160,9 @@ impl EventPublisher for AmqpPublisher {
             let confirm = within(&mut clock, timeout, handed_off)
                 .await?
                 .map_err(channel_error)?;
-            Ok((ticket.handed(confirm, &record.event_id), channel, confirms))
+            Ok((ticket.handed(confirm, &record.event_id), open))
         };
-        let (confirm, channel, confirms) = match handed_off.await {
+        let (confirm, open) = match handed_off.await {
             Ok(handed) => handed,
             Err(error) => {
                 span.end(Err(&error));
@@ -171,7 +185,8 @@ impl EventPublisher for AmqpPublisher {
                 // perhaps with another message's confirm: decided once every confirm that
                 // could carry it has been read ([`Confirms::settle`]).
                 Ok(Ok(Confirmation::Ack(_))) => {
-                    match within(&mut clock, timeout, confirms.settle(&channel, &event_id)).await {
+                    let settled = open.confirms.settle(&open.channel, &event_id);
+                    match within(&mut clock, timeout, settled).await {
                         Err(timed_out) => Err(timed_out),
                         Ok(false) => Ok(()),
                         Ok(true) => Err(PublishError::Unroutable {
@@ -194,9 +209,9 @@ impl EventPublisher for AmqpPublisher {
     }
 
     async fn close(&self) {
-        if let Some((channel, _)) = self.channel.lock().await.take() {
+        if let Some(open) = self.channel.lock().await.take() {
             // A stalled broker never answers the close: do not let it hold up shutdown.
-            let closing = channel.close(200, "publisher stopping".into());
+            let closing = open.channel.close(200, "publisher stopping".into());
             let _ = tokio::time::timeout(self.link.close_timeout(), closing).await;
         }
     }
