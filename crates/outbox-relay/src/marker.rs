@@ -200,7 +200,8 @@ impl Marker {
         }
     }
 
-    /// Starts a flush of what waits, unless one is under way (its completion flushes again).
+    /// Starts a flush of what waits, unless one is under way (its completion schedules the
+    /// next).
     fn flush(&mut self, ctx: &mut Context<Self>) {
         if self.flushing.is_some() {
             return;
@@ -242,7 +243,10 @@ impl Marker {
                         unheld: unheld_rooms(&decided),
                     });
                 }
-                marker.flush(ctx);
+                // What arrived meanwhile waits for a full batch or its delay, as the first
+                // outcome did: flushing it at once made many small flushes while a backlog
+                // drains (a statement, a commit and a ping of the connection each).
+                marker.schedule(ctx);
             }
             Err(error) => {
                 let rows = marker.flushing.as_ref().map_or(0, |(batch, _)| batch.len());
