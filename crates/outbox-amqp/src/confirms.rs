@@ -49,17 +49,16 @@ struct Shared {
 #[derive(Debug, Default)]
 struct State {
     next: u64,
+    /// Publishes whose confirm is in hand, by sequence number.
     slots: HashMap<u64, Slot>,
-    /// The slots still [`Slot::Handing`] (few: a settle waits for them, and looking them
-    /// up among all the slots in flight cost every settle a walk over hundreds).
+    /// Publishes whose `basic_publish` is under way: their confirm is not in hand yet (few,
+    /// and a settle waits for them; kept apart so it need not walk every slot in flight).
     handing: BTreeSet<u64>,
     /// Ids of returned messages whose owners have not asked yet.
     returned: HashSet<String>,
 }
 
 enum Slot {
-    /// `basic_publish` is under way; its confirm is not in hand yet.
-    Handing,
     /// In hand, not yet read by its owner.
     Waiting {
         confirm: PublisherConfirm,
@@ -76,7 +75,6 @@ enum Slot {
 impl std::fmt::Debug for Slot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Slot::Handing => "Handing",
             Slot::Waiting { .. } => "Waiting",
             Slot::Read(_) => "Read",
         })
@@ -118,7 +116,6 @@ impl Confirms {
         let mut state = self.shared.state();
         let seq = state.next;
         state.next += 1;
-        state.slots.insert(seq, Slot::Handing);
         state.handing.insert(seq);
         Ticket {
             shared: Arc::clone(&self.shared),
@@ -140,7 +137,7 @@ impl Confirms {
                 let ended = self.shared.handed.notified();
                 tokio::pin!(ended);
                 ended.as_mut().enable();
-                if !matches!(self.shared.state().slots.get(&seq), Some(Slot::Handing)) {
+                if !self.shared.state().handing.contains(&seq) {
                     break;
                 }
                 ended.await;
@@ -233,10 +230,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(seq) = self.seq.take() {
-            let mut state = self.shared.state();
-            state.slots.remove(&seq);
-            state.handing.remove(&seq);
-            drop(state);
+            self.shared.state().handing.remove(&seq);
             self.shared.handed.notify_waiters();
         }
     }
@@ -281,7 +275,7 @@ impl Future for Tracked {
             },
             // Not reachable: a Tracked exists once its slot was handed, and only it
             // removes the slot.
-            Some(Slot::Handing) | None => Err(lapin::ErrorKind::FutureCompleted.into()),
+            None => Err(lapin::ErrorKind::FutureCompleted.into()),
         };
         state.slots.remove(&seq);
         drop(state);
