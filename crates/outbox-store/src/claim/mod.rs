@@ -143,15 +143,12 @@ impl Claim<'_> {
             let node = params.bind(request.node_id.as_str());
             let hint = dialect.index_hint(table, Index::PendingRoom);
             let fence = dialect.probe_fence();
-            // PostgreSQL takes no index hint: written as a row comparison, "earlier in
-            // its room" is an index condition only on the pending-per-room index, so a
-            // planner whose statistics drifted cannot walk the pending index from its
-            // head through the dead entries of recent updates instead (issue 17;
-            // docs/design.md#claims-leases-and-ordering). Same rows either way.
-            let earlier = match dialect {
-                Dialect::Postgres => format!("(e.{key}, e.{position}) < (c.{key}, c.{position})"),
-                Dialect::MySql | Dialect::Sqlite => format!("e.{position} < c.{position}"),
-            };
+            // Written as two conditions, not as the row comparison `(e.room_id, e.id) <
+            // (c.room_id, c.id)` that PostgreSQL once had: a B-tree scan ends at a row
+            // comparison's bound only on its first column, so that probe read every
+            // pending entry of the room after the candidate too, a whole hot room's
+            // backlog per candidate (docs/design.md#claims-leases-and-ordering).
+            let earlier = format!("e.{position} < c.{position}");
             // Below the floor, a pending row is one this claim cannot take (committed
             // late, or made pending again): it holds its room back like a leased one.
             let below_floor = match request.floor {
