@@ -7,7 +7,7 @@ use crate::sql::{DEAD, PENDING, PUBLISHED};
 use crate::store::SeaOrmStore;
 use chrono::Utc;
 use outbox_core::{MarkBatch, PublishedRows};
-use sea_orm::{ConnectionTrait, DbErr, TransactionTrait};
+use sea_orm::{ConnectionTrait, DbErr, Statement, TransactionTrait};
 use std::time::Duration;
 
 impl SeaOrmStore {
@@ -121,14 +121,11 @@ impl SeaOrmStore {
         let t = self.table();
         let mut params = Params::new(self.dialect());
         let node = params.bind(node_id);
-        let result = self
-            .connection()
-            .execute(params.statement(format!(
-                "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
-                 WHERE locked_by = {node} AND status = {PENDING}"
-            )))
-            .await?;
-        Ok(result.rows_affected())
+        let statement = params.statement(format!(
+            "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
+             WHERE locked_by = {node} AND status = {PENDING}"
+        ));
+        self.on_pending_rows(statement).await
     }
 
     /// Extends every lease `node_id` holds on pending rows to now + `lease`.
@@ -165,7 +162,24 @@ impl SeaOrmStore {
                 format!("UPDATE {t} SET locked_until = {until} WHERE {p} {}", dialect.in_subquery(&held))
             }
         };
-        let result = self.connection().execute(params.statement(sql)).await?;
-        Ok(result.rows_affected())
+        self.on_pending_rows(params.statement(sql)).await
+    }
+
+    /// Runs `statement`, a statement on this node's pending rows, and returns the rows it
+    /// changed. PostgreSQL: with the plan pinned to the indexes
+    /// ([`Dialect::pin_index_plan`]), as the claim's is, so that it walks the pending
+    /// index whatever the statistics say, never the whole table: after a drain they still
+    /// count a backlog, and the release at a node's stop read every row, history included
+    /// (90 ms for 100,000 published rows; seconds for millions).
+    async fn on_pending_rows(&self, statement: Statement) -> Result<u64, DbErr> {
+        let db = self.connection();
+        let Some(pin) = self.dialect().pin_index_plan() else {
+            return Ok(db.execute(statement).await?.rows_affected());
+        };
+        let txn = db.begin().await?;
+        txn.execute_unprepared(pin).await?;
+        let changed = txn.execute(statement).await?.rows_affected();
+        txn.commit().await?;
+        Ok(changed)
     }
 }
