@@ -477,7 +477,8 @@ async fn postgres_claim_plans_read_the_pending_rows_not_the_history() {
         // Both ends of the probe's range are index conditions: the room's first entry
         // and the candidate (a row comparison's bound would not end the scan).
         assert!(
-            plan.lines().any(|line| line.contains("Index Cond: (((room_id)::text = (c.room_id)::text) AND (id < c.id))")),
+            plan.lines().any(|line| line
+                .contains("Index Cond: (((room_id)::text = (c.room_id)::text) AND (id < c.id))")),
             "the probe's range is not an index condition:\n{plan}"
         );
     }
