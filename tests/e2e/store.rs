@@ -219,9 +219,10 @@ async fn a_node_may_claim_deeper_into_rooms_it_holds() {
     database.drop_table().await;
 }
 
-#[actix_rt::test]
-async fn renewing_extends_only_this_nodes_leases() {
-    let database = TestDatabase::new(Backend::Postgres).await;
+/// A renewal extends the node's own leases and no other node's; with `up_to`, none on a
+/// row above that position.
+async fn renewing_extends_only_this_nodes_leases(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
     outbox_tests::seed(&database, &[event("r1", "r"), event("s1", "s")]).await;
     let store = &database.store;
     let mut short = claim("n1", 1, Ordering::PerRoom);
@@ -236,15 +237,21 @@ async fn renewing_extends_only_this_nodes_leases() {
         1
     );
     let before = database.row("s1").await.locked_until;
+    let r1 = database.row("r1").await;
+    let long = Duration::from_secs(600);
     assert_eq!(
-        store.renew("n1", Duration::from_secs(600)).await.unwrap(),
-        1
+        store.renew("n1", long, Some(r1.id - 1)).await.unwrap(),
+        0,
+        "a lease above `up_to` is not renewed"
     );
+    assert_eq!(database.row("r1").await.locked_until, r1.locked_until);
+    assert_eq!(store.renew("n1", long, Some(r1.id)).await.unwrap(), 1);
     let renewed = database.row("r1").await.locked_until.expect("leased");
     assert!(
         renewed > Utc::now() + chrono::Duration::seconds(500),
         "{renewed}"
     );
+    assert_eq!(store.renew("n1", long, None).await.unwrap(), 1);
     assert_eq!(
         database.row("s1").await.locked_until,
         before,
@@ -252,6 +259,8 @@ async fn renewing_extends_only_this_nodes_leases() {
     );
     database.drop_table().await;
 }
+
+per_backend!(renewing_extends_only_this_nodes_leases: postgres, sqlite, mariadb);
 
 /// Every node migrates on start by default: nodes started together must not fail.
 async fn runners_started_together_migrate_one_table(backend: Backend) {

@@ -202,8 +202,16 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// Extends every lease `node_id` still holds on pending rows to `now + lease`, so rows
     /// that stay in flight longer than a lease (a slow broker, a Marker waiting for the
-    /// database) are not claimed by another node meanwhile. Returns how many.
-    async fn renew(&self, node_id: &str, lease: Duration) -> Result<u64, StoreError>;
+    /// database) are not claimed by another node meanwhile. With `up_to`, only rows at or
+    /// below that position (the highest the node has claimed): the renewal then reads the
+    /// pending rows up to the node's own, not the whole backlog behind them. Returns how
+    /// many.
+    async fn renew(
+        &self,
+        node_id: &str,
+        lease: Duration,
+        up_to: Option<i64>,
+    ) -> Result<u64, StoreError>;
 
     /// Counts by status and lease.
     async fn stats(&self) -> Result<OutboxStats, StoreError>;

@@ -123,6 +123,8 @@ pub struct FakeStore {
     pub claimable: Mutex<Vec<OutboxRecord>>,
     /// Lease renewals so far.
     pub renewals: AtomicUsize,
+    /// The `up_to` of each renewal so far.
+    pub renewed_up_to: Mutex<Vec<Option<i64>>>,
     /// Claims to fail before succeeding again.
     pub failing_claims: AtomicUsize,
     /// Calls of `release_node` so far.
@@ -228,7 +230,8 @@ impl OutboxStore for FakeStore {
         Ok(0)
     }
 
-    async fn renew(&self, _: &str, _: Duration) -> Result<u64, StoreError> {
+    async fn renew(&self, _: &str, _: Duration, up_to: Option<i64>) -> Result<u64, StoreError> {
+        self.renewed_up_to.lock().unwrap().push(up_to);
         self.renewals.fetch_add(1, Ordering::SeqCst);
         Ok(1)
     }

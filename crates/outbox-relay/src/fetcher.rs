@@ -128,6 +128,9 @@ pub struct Fetcher {
     sizes: ClaimSizes,
     /// Where the next claim starts its scan while a backlog drains.
     floor: ScanFloor,
+    /// The highest position this Fetcher has claimed: every row it holds is at or below
+    /// it, so a renewal reads no further (the backlog behind stays unread).
+    last_claimed: Option<i64>,
 }
 
 /// Claims after a failed one: 100 ms doubling to 10 s, jittered.
@@ -169,6 +172,7 @@ impl Fetcher {
             announced: false,
             sizes: ClaimSizes::new(outbox),
             floor: ScanFloor::default(),
+            last_claimed: None,
         }
     }
 }
@@ -199,10 +203,11 @@ impl Actor for Fetcher {
             let store = Arc::clone(&fetcher.store);
             let node_id = fetcher.request.node_id.clone();
             let lease = fetcher.request.lease;
+            let up_to = fetcher.last_claimed;
             let outbox = Arc::clone(&fetcher.outbox);
             ctx.spawn(
                 async move {
-                    match store.renew(&node_id, lease).await {
+                    match store.renew(&node_id, lease, up_to).await {
                         Ok(renewed) => debug!(%outbox, renewed, "leases renewed"),
                         Err(error) => warn!(%outbox, %error, "renewing leases failed; retrying"),
                     }
@@ -273,6 +278,8 @@ impl Handler<Tick> for Fetcher {
                     let full = records.len() == limit;
                     fetcher.floor.claimed(now, asked, &claimed, full || cut_by_bytes);
                     let records = claimed.records;
+                    let highest = records.iter().map(|record| record.id).max();
+                    fetcher.last_claimed = fetcher.last_claimed.max(highest);
                     let claimed = records.len();
                     fetcher.sizes.claimed(claimed, took);
                     fetcher.in_flight += claimed;
@@ -430,23 +437,29 @@ mod tests {
     }
 
     #[actix_rt::test]
-    async fn in_flight_rows_keep_their_leases_renewed() {
+    async fn in_flight_rows_keep_their_leases_renewed_up_to_the_highest_claimed() {
         let store = Arc::new(FakeStore::default());
-        store.claimable.lock().unwrap().push(record(1, "a"));
+        store
+            .claimable
+            .lock()
+            .unwrap()
+            .extend([record(7, "a"), record(3, "b")]);
         let (fetcher, published) = fetcher(Arc::clone(&store), Duration::from_millis(300));
         let report = fetcher.send(Tick).await.unwrap();
         assert_eq!(
             report,
             TickReport {
-                claimed: 1,
+                claimed: 2,
                 full: false
             }
         );
-        published.wait_for(1, Duration::from_secs(5)).await;
+        published.wait_for(2, Duration::from_secs(5)).await;
         eventually("two renewals", Duration::from_secs(5), || {
             store.renewals.load(AtomicOrdering::SeqCst) >= 2
         })
         .await;
+        let up_to = store.renewed_up_to.lock().unwrap().clone();
+        assert!(up_to.iter().all(|up_to| *up_to == Some(7)), "{up_to:?}");
     }
 
     #[actix_rt::test]

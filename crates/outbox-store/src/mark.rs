@@ -128,8 +128,14 @@ impl SeaOrmStore {
         self.on_pending_rows(statement).await
     }
 
-    /// Extends every lease `node_id` holds on pending rows to now + `lease`.
-    pub(crate) async fn renew_leases(&self, node_id: &str, lease: Duration) -> Result<u64, DbErr> {
+    /// Extends every lease `node_id` holds on pending rows (at or below position `up_to`,
+    /// if given) to now + `lease`.
+    pub(crate) async fn renew_leases(
+        &self,
+        node_id: &str,
+        lease: Duration,
+        up_to: Option<i64>,
+    ) -> Result<u64, DbErr> {
         let dialect = self.dialect();
         let t = self.table();
         let p = &self.reads().position;
@@ -138,6 +144,11 @@ impl SeaOrmStore {
         let mut params = Params::new(dialect);
         let until = params.bind_time(until);
         let node = params.bind(node_id);
+        // Bound at the node's highest claimed row, the pending index's walk ends there.
+        let up_to = match up_to {
+            Some(position) => format!(" AND {p} <= {}", params.bind(position)),
+            None => String::new(),
+        };
         let sql = match dialect {
             // MySQL cannot select from the table it updates, and a read-then-update
             // transaction would hold its locking read's locks (every pending row it scanned,
@@ -145,7 +156,7 @@ impl SeaOrmStore {
             // with a claim that waits for them: one statement. InnoDB detects a deadlock
             // with the Marker at once and the Marker retries.
             Dialect::MySql => format!(
-                "UPDATE {t} SET locked_until = {until} WHERE locked_by = {node} AND status = {PENDING}"
+                "UPDATE {t} SET locked_until = {until} WHERE locked_by = {node} AND status = {PENDING}{up_to}"
             ),
             // The rows come from the pending index and are locked with SKIP LOCKED: a
             // renewal never waits for a row lock, so it cannot deadlock with the Marker,
@@ -154,7 +165,7 @@ impl SeaOrmStore {
             // that rolls back, the next renewal (every lease / 3) extends it.
             Dialect::Postgres | Dialect::Sqlite => {
                 let held = format!(
-                    "SELECT {} AS id FROM {t}{} WHERE status = {PENDING} AND locked_by = {node}{}",
+                    "SELECT {} AS id FROM {t}{} WHERE status = {PENDING} AND locked_by = {node}{up_to}{}",
                     self.reads().position_value(p),
                     dialect.index_hint(t, Index::Pending),
                     dialect.skip_locked(),

@@ -340,8 +340,13 @@ impl OutboxStore for SeaOrmStore {
             .map_err(|error| self.failed(error))
     }
 
-    async fn renew(&self, node_id: &str, lease: Duration) -> Result<u64, StoreError> {
-        self.renew_leases(node_id, lease)
+    async fn renew(
+        &self,
+        node_id: &str,
+        lease: Duration,
+        up_to: Option<i64>,
+    ) -> Result<u64, StoreError> {
+        self.renew_leases(node_id, lease, up_to)
             .await
             .map_err(|error| self.failed(error))
     }
