@@ -17,8 +17,7 @@ use tokio::task::JoinHandle;
 /// One publish, from hand-off to its end.
 type Leg<T> = Pin<Box<dyn Future<Output = T>>>;
 
-/// The task and the way in. Dropping it (or [`Flight::abort`]) abandons every publish
-/// still in it.
+/// The task and the way in. Dropping it abandons every publish still in it.
 pub(crate) struct Flight<T> {
     legs: mpsc::UnboundedSender<Leg<T>>,
     task: JoinHandle<()>,

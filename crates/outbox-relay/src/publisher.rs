@@ -45,9 +45,9 @@ struct Finished {
 }
 
 /// One publisher of the pool: one confirm channel (the [`EventPublisher`] port), many
-/// publishes in flight, carried by one task on the actor's thread (its [`Flight`]) that
-/// reports each end through one stream of the actor (docs/design.md#publishing: why not
-/// `ctx.spawn`, why not a task per publish).
+/// publishes in flight, carried by one task on the actor's thread (its `Flight`,
+/// flight.rs) that reports each end through one stream of the actor
+/// (docs/design.md#publishing: why not `ctx.spawn`, why not a task per publish).
 /// Under `per_room` ordering a room has one unconfirmed message at a time, and a failure
 /// releases the room's waiting records and holds the room until [`Unhold`] says its
 /// outcomes are written, so no later row overtakes them. See

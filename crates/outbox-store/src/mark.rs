@@ -7,7 +7,7 @@ use crate::sql::{DEAD, PENDING, PUBLISHED};
 use crate::store::SeaOrmStore;
 use chrono::Utc;
 use outbox_core::{MarkBatch, PublishedRows};
-use sea_orm::{ConnectionTrait, DbErr, Statement, TransactionTrait};
+use sea_orm::{ConnectionTrait, DbErr, TransactionTrait};
 use std::time::Duration;
 
 impl SeaOrmStore {
@@ -125,7 +125,7 @@ impl SeaOrmStore {
             "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
              WHERE locked_by = {node} AND status = {PENDING}"
         ));
-        self.on_pending_rows(statement).await
+        self.execute_on_indexes(statement).await
     }
 
     /// Extends every lease `node_id` holds on pending rows (at or below position `up_to`,
@@ -173,24 +173,6 @@ impl SeaOrmStore {
                 format!("UPDATE {t} SET locked_until = {until} WHERE {p} {}", dialect.in_subquery(&held))
             }
         };
-        self.on_pending_rows(params.statement(sql)).await
-    }
-
-    /// Runs `statement`, a statement on this node's pending rows, and returns the rows it
-    /// changed. PostgreSQL: with the plan pinned to the indexes
-    /// ([`Dialect::pin_index_plan`]), as the claim's is, so that it walks the pending
-    /// index whatever the statistics say, never the whole table: after a drain they still
-    /// count a backlog, and the release at a node's stop read every row, history included
-    /// (90 ms for 100,000 published rows; seconds for millions).
-    async fn on_pending_rows(&self, statement: Statement) -> Result<u64, DbErr> {
-        let db = self.connection();
-        let Some(pin) = self.dialect().pin_index_plan() else {
-            return Ok(db.execute(statement).await?.rows_affected());
-        };
-        let txn = db.begin().await?;
-        txn.execute_unprepared(pin).await?;
-        let changed = txn.execute(statement).await?.rows_affected();
-        txn.commit().await?;
-        Ok(changed)
+        self.execute_on_indexes(params.statement(sql)).await
     }
 }

@@ -7,13 +7,13 @@
 //! `(status, published_at)` index, oldest first, so a batch costs about `limit` index
 //! entries however large the table is.
 
-use crate::dialect::{Dialect, Params, PIN_INDEX_PLAN};
+use crate::dialect::{Dialect, Params};
 use crate::error::Error;
 use crate::sql::{Index, Literal};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
 use outbox_core::PurgeTarget;
-use sea_orm::{ConnectionTrait, DbErr, TransactionTrait};
+use sea_orm::{ConnectionTrait, DbErr};
 
 impl SeaOrmStore {
     /// Deletes at most `limit` rows of `target` older than `older_than`; returns how many.
@@ -81,11 +81,7 @@ impl SeaOrmStore {
         // hash-joins the ids against a sequential scan of the whole table (54 ms instead
         // of 4 ms per 1,000-row batch at 200,000 rows), or a bitmap scan collects every
         // expired row first. SET LOCAL ends with the transaction.
-        let txn = self.connection().begin().await?;
-        txn.execute_unprepared(PIN_INDEX_PLAN).await?;
-        let deleted = txn.execute(params.statement(sql)).await?.rows_affected();
-        txn.commit().await?;
-        Ok(deleted)
+        self.execute_on_indexes(params.statement(sql)).await
     }
 
     /// SQLite has no `DELETE … LIMIT` in its default build: delete by a limited subquery.

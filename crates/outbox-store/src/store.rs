@@ -16,7 +16,9 @@ use outbox_core::{
     Backlog, ClaimRequest, Claimed, MarkBatch, OutboxRecord, OutboxStats, OutboxStore,
     PublishedRows, PurgeTarget, StoreError,
 };
-use sea_orm::{ConnectOptions, ConnectionTrait, DatabaseConnection, DbErr};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, DatabaseConnection, DbErr, Statement, TransactionTrait,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -259,6 +261,22 @@ impl SeaOrmStore {
 
     pub(crate) fn dialect(&self) -> Dialect {
         Dialect::of(&self.db)
+    }
+
+    /// Runs `statement` and returns the rows it changed. PostgreSQL: in a transaction
+    /// whose plans are pinned to the indexes ([`Dialect::pin_index_plan`]), as the
+    /// claim's are, so that a statement on pending (or expired) rows walks its index
+    /// whatever the statistics say, never the whole table. Elsewhere hints do that.
+    pub(crate) async fn execute_on_indexes(&self, statement: Statement) -> Result<u64, DbErr> {
+        let db = self.connection();
+        let Some(pin) = self.dialect().pin_index_plan() else {
+            return Ok(db.execute(statement).await?.rows_affected());
+        };
+        let txn = db.begin().await?;
+        txn.execute_unprepared(pin).await?;
+        let changed = txn.execute(statement).await?.rows_affected();
+        txn.commit().await?;
+        Ok(changed)
     }
 }
 
