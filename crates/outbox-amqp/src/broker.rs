@@ -485,6 +485,13 @@ impl Link {
         if exchange.is_empty() || self.exchanges.lock().unwrap().contains(exchange) {
             return Ok(());
         }
+        // Boxed: the check's futures are large, and every publish's future would carry
+        // their size (and its copies) for a path taken once per exchange.
+        Box::pin(self.check_exchange(exchange, exchange_type)).await
+    }
+
+    /// Declares `exchange` passively on a channel of its own; remembered once it exists.
+    async fn check_exchange(&self, exchange: &str, exchange_type: &str) -> Result<(), String> {
         let connection = self.connection().await.map_err(|error| error.to_string())?;
         let channel = connection
             .create_channel()

@@ -10,8 +10,9 @@ use lapin::{Channel, Confirmation};
 use outbox_core::routing::EventFields;
 use outbox_core::{Confirm, EventPublisher, OutboxRecord, PublishError};
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
+use std::task::Poll;
 use tokio::sync::Mutex;
 
 /// How long closing a channel may take before it is abandoned.
@@ -61,9 +62,8 @@ impl AmqpPublisher {
             return Ok(Arc::clone(open));
         }
         *slot = None;
-        let channel = self
-            .link
-            .confirm_channel()
+        // Boxed, as rare: its futures would otherwise add their size to every publish's.
+        let channel = Box::pin(self.link.confirm_channel())
             .await
             .map_err(|error| PublishError::Channel(error.to_string()))?;
         let open = Arc::new(Open {
@@ -78,17 +78,23 @@ impl AmqpPublisher {
 /// A publish's `publish_timeout`, running only while the broker does not block publishers.
 type Clock = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// `step`'s output, or a timeout when `clock` runs out first.
-async fn within<T>(
-    clock: &mut Clock,
+/// `step`'s output, or a timeout when `clock` runs out first (`step` is polled first).
+/// `step` stays where its caller pinned it: a step moved into a future of its own was
+/// copied each time, and lapin's hand-off future alone is about a kilobyte.
+fn within<'a, F: Future + ?Sized>(
+    clock: &'a mut Clock,
     timeout: std::time::Duration,
-    step: impl Future<Output = T>,
-) -> Result<T, PublishError> {
-    tokio::select! {
-        biased;
-        done = step => Ok(done),
-        () = clock => Err(PublishError::Timeout(timeout)),
-    }
+    mut step: Pin<&'a mut F>,
+) -> impl Future<Output = Result<F::Output, PublishError>> + 'a {
+    std::future::poll_fn(move |cx| {
+        if let Poll::Ready(done) = step.as_mut().poll(cx) {
+            return Poll::Ready(Ok(done));
+        }
+        clock
+            .as_mut()
+            .poll(cx)
+            .map(|()| Err(PublishError::Timeout(timeout)))
+    })
 }
 
 fn channel_error(error: lapin::Error) -> PublishError {
@@ -124,7 +130,7 @@ impl EventPublisher for AmqpPublisher {
         within(
             &mut clock,
             timeout,
-            self.link.verify_exchange(exchange, &routing.exchange_type),
+            pin!(self.link.verify_exchange(exchange, &routing.exchange_type)),
         )
         .await?
         .map_err(PublishError::Channel)?;
@@ -136,13 +142,13 @@ impl EventPublisher for AmqpPublisher {
         let properties = outbox_properties(record, &settings.message, &labels)?;
         let (properties, span) = PublishSpan::start(record, exchange, &routing_key, properties);
         let handed_off = async {
-            let open = within(&mut clock, timeout, self.channel()).await??;
+            let open = within(&mut clock, timeout, pin!(self.channel())).await??;
             // Held until lapin wrote the body: at most HANDOFF_BYTES queued there, so a
             // large body is not held twice for every record in flight (handoff.rs).
             let _queued = within(
                 &mut clock,
                 timeout,
-                self.link.handoff().room_for(record.envelope.len()),
+                pin!(self.link.handoff().room_for(record.envelope.len())),
             )
             .await?;
             let options = BasicPublishOptions {
@@ -150,16 +156,18 @@ impl EventPublisher for AmqpPublisher {
                 ..BasicPublishOptions::default()
             };
             let ticket = open.confirms.begin();
-            let handed_off = open.channel.basic_publish(
-                exchange.into(),
-                routing_key.as_str().into(),
-                options,
-                &record.envelope,
-                properties,
-            );
-            let confirm = within(&mut clock, timeout, handed_off)
-                .await?
-                .map_err(channel_error)?;
+            let confirm = {
+                let handed_off = pin!(open.channel.basic_publish(
+                    exchange.into(),
+                    routing_key.as_str().into(),
+                    options,
+                    &record.envelope,
+                    properties,
+                ));
+                within(&mut clock, timeout, handed_off)
+                    .await?
+                    .map_err(channel_error)?
+            };
             Ok((ticket.handed(confirm, &record.event_id), open))
         };
         let (confirm, open) = match handed_off.await {
@@ -173,7 +181,7 @@ impl EventPublisher for AmqpPublisher {
         let link = Arc::clone(&self.link);
         let event_id = record.event_id.clone();
         Ok(Box::pin(async move {
-            let outcome = match within(&mut clock, timeout, confirm).await {
+            let outcome = match within(&mut clock, timeout, pin!(confirm)).await {
                 Err(timed_out) => Err(timed_out),
                 Ok(Err(error)) => {
                     if error.to_string().contains("NOT_FOUND") {
@@ -186,7 +194,7 @@ impl EventPublisher for AmqpPublisher {
                 // could carry it has been read ([`Confirms::settle`]).
                 Ok(Ok(Confirmation::Ack(_))) => {
                     let settled = open.confirms.settle(&open.channel, &event_id);
-                    match within(&mut clock, timeout, settled).await {
+                    match within(&mut clock, timeout, pin!(settled)).await {
                         Err(timed_out) => Err(timed_out),
                         Ok(false) => Ok(()),
                         Ok(true) => Err(PublishError::Unroutable {

@@ -212,8 +212,19 @@ impl Publisher {
         result: Result<(), PublishError>,
         ctx: &mut Context<Self>,
     ) {
-        let room = record.room_id.clone();
-        let failed = result.is_err();
+        // Under `per_room`: the room's next record, or (failed: hold the room back;
+        // draining; nothing waiting) the rest of the room, given back after this outcome
+        // so that its next claim comes after it.
+        let (next, rest) = match self.ordering {
+            Ordering::PerRoom => match self.rooms.get_mut(&record.room_id) {
+                Some(queue) if result.is_ok() && !self.draining => match queue.pop_front() {
+                    Some(next) => (Some(next), None),
+                    None => (None, self.rooms.remove(&record.room_id)),
+                },
+                _ => (None, self.rooms.remove(&record.room_id)),
+            },
+            Ordering::None => (None, None),
+        };
         self.report(
             record,
             match result {
@@ -222,21 +233,11 @@ impl Publisher {
             },
             bytes,
         );
-        if self.ordering == Ordering::PerRoom {
-            let next = match self.rooms.get_mut(&room) {
-                Some(queue) if !failed && !self.draining => queue.pop_front(),
-                _ => None,
-            };
-            match next {
-                Some(next) => self.start(next),
-                None => {
-                    // Failed (hold the room back), draining, or nothing waiting: give the
-                    // rest of the room back; its next claim comes after this outcome.
-                    for waiting in self.rooms.remove(&room).unwrap_or_default() {
-                        self.release(waiting);
-                    }
-                }
-            }
+        if let Some(next) = next {
+            self.start(next);
+        }
+        for waiting in rest.unwrap_or_default() {
+            self.release(waiting);
         }
         self.stop_if_drained(ctx);
     }

@@ -274,7 +274,8 @@ impl Reads {
         ))
     }
 
-    /// The select list with `envelope` for the payload's place.
+    /// The select list with `envelope` for the payload's place. A claimed row is read by
+    /// position (`row::Cursor`): this order is `ClaimedRow::read_columns`' order.
     fn claimed_columns_with(&self, envelope: &str) -> String {
         let position = self.position_value(&self.position);
         let mut list = vec![

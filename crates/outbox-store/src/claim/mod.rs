@@ -10,7 +10,7 @@ mod sqlite;
 use crate::dialect::{Dialect, Params};
 use crate::error::Error;
 use crate::reads::Reads;
-use crate::row::{read_each, ClaimedRow};
+use crate::row::{read_each, ClaimedRow, Cursor};
 use crate::sql::{Index, TableName, PENDING};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
@@ -80,8 +80,10 @@ impl Leased {
     ) -> Result<Self, DbErr> {
         let mut next_floor = None;
         let rows = read_each(conn, statement, |row| {
-            next_floor = row.try_get::<Option<i64>>("", NEXT_FLOOR)?;
-            ClaimedRow::read(row, reads)
+            let mut next = Cursor::new(row);
+            let claimed = ClaimedRow::read(&mut next, reads)?;
+            next_floor = next.get(NEXT_FLOOR)?;
+            Ok(claimed)
         })
         .await?;
         Ok(Self { rows, next_floor })

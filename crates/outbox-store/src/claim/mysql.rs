@@ -5,7 +5,7 @@ use super::{
     take_claim_lock, within_budget, Claim, Leased, BUDGET_POSITION, BUDGET_SIZE, NEXT_FLOOR,
 };
 use crate::dialect::Params;
-use crate::row::{read_each, ClaimedRow};
+use crate::row::{read_each, ClaimedRow, Cursor};
 use crate::sql::{Index, PENDING};
 use outbox_core::Ordering;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, IsolationLevel, TransactionTrait};
@@ -63,7 +63,7 @@ pub(super) async fn claim(db: &DatabaseConnection, claim: &Claim<'_>) -> Result<
         }
     };
     let mut rows = read_each(&txn, params.statement(sql), |row| {
-        ClaimedRow::read(row, reads)
+        ClaimedRow::read(&mut Cursor::new(row), reads)
     })
     .await?;
     if !rows.is_empty() {

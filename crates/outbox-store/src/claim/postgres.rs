@@ -4,7 +4,7 @@
 use super::{claim_lock_sql, Claim, Leased, NEXT_FLOOR};
 use crate::dialect::{Dialect, Params, PIN_INDEX_PLAN};
 use crate::reads::PayloadDecode;
-use crate::row::{read_each, ClaimedRow};
+use crate::row::{read_each, ClaimedRow, Cursor};
 use outbox_core::Ordering;
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Statement, TransactionTrait,
@@ -20,8 +20,10 @@ pub(super) async fn claim(db: &DatabaseConnection, claim: &Claim<'_>) -> Result<
     txn.execute_unprepared(&prelude(claim)).await?;
     let mut next_floor = None;
     let rows = read_each(&txn, statement, |row| {
-        next_floor = row.try_get::<Option<i64>>("", NEXT_FLOOR)?;
-        ClaimedRow::read_inline(row, claim.reads)
+        let mut next = Cursor::new(row);
+        let claimed = ClaimedRow::read_inline(&mut next, claim.reads)?;
+        next_floor = next.get(NEXT_FLOOR)?;
+        Ok(claimed)
     })
     .await?;
     let mut leased = Leased {
