@@ -216,14 +216,18 @@ impl Publisher {
         // draining; nothing waiting) the rest of the room, given back after this outcome
         // so that its next claim comes after it.
         let (next, rest) = match self.ordering {
-            Ordering::PerRoom => match self.rooms.get_mut(&record.room_id) {
-                Some(queue) if result.is_ok() && !self.draining => match queue.pop_front() {
-                    Some(next) => (Some(next), None),
-                    None => (None, self.rooms.remove(&record.room_id)),
-                },
-                _ => (None, self.rooms.remove(&record.room_id)),
-            },
             Ordering::None => (None, None),
+            Ordering::PerRoom => {
+                let next = match self.rooms.get_mut(&record.room_id) {
+                    Some(queue) if result.is_ok() && !self.draining => queue.pop_front(),
+                    _ => None,
+                };
+                let rest = match next {
+                    Some(_) => None,
+                    None => self.rooms.remove(&record.room_id),
+                };
+                (next, rest)
+            }
         };
         self.report(
             record,
