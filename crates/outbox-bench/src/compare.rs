@@ -26,6 +26,10 @@ pub struct CompareArgs {
     /// Rounds; each runs both builds once, the first of the two alternating.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: u64,
+    /// Rounds run first and not counted: the first runs after a pause pay for cold caches
+    /// (the database's, the broker's, the page cache) and spread the figures.
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
     /// The scenario and its options, after `--`, as either binary takes them
     /// (e.g. `-- drain --backend postgres --events 100000 --rooms 1000`).
     #[arg(last = true, required = true, num_args = 1..)]
@@ -45,6 +49,38 @@ fn order(round: u64) -> [Build; 2] {
         0 => [Build::Baseline, Build::Candidate],
         _ => [Build::Candidate, Build::Baseline],
     }
+}
+
+/// The fewest rounds for [`Verdict::EveryRound`].
+const SIGN_ROUNDS: usize = 6;
+
+/// One round of a comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Round {
+    /// A measured round, not a warm-up.
+    counted: bool,
+    /// Its number among its kind (from 1), and how many of its kind there are.
+    number: u64,
+    of: u64,
+    /// Which build goes first.
+    order: [Build; 2],
+}
+
+/// `warmup` uncounted rounds, then `measured` counted ones; the builds alternate which
+/// goes first across all of them.
+fn rounds(warmup: u64, measured: u64) -> impl Iterator<Item = Round> {
+    (0..warmup + measured).map(move |round| {
+        let (counted, number, of) = match round.checked_sub(warmup) {
+            Some(counted) => (true, counted + 1, measured),
+            None => (false, round + 1, warmup),
+        };
+        Round {
+            counted,
+            number,
+            of,
+            order: order(round),
+        }
+    })
 }
 
 /// Scenarios whose output is not one result (or that are not scenarios).
@@ -80,29 +116,37 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
         }
     }
     println!(
-        "compare: `{}`, {} round(s) interleaved (A B, B A, …)\n  A, baseline:  {}\n  B, candidate: {}",
+        "compare: `{}`, {} round(s) interleaved (A B, B A, …) after {} warm-up round(s)\n  A, baseline:  {}\n  B, candidate: {}",
         args.scenario.join(" "),
         args.rounds,
+        args.warmup,
         args.baseline_bin.display(),
         candidate.display()
     );
     let mut records: [Vec<Map<String, Value>>; 2] = [Vec::new(), Vec::new()];
-    for round in 0..args.rounds {
-        for build in order(round) {
+    for Round {
+        counted,
+        number,
+        of,
+        order,
+    } in rounds(args.warmup, args.rounds)
+    {
+        let kind = if counted { "round" } else { "warm-up" };
+        for build in order {
             let (bin, index, label) = match build {
                 Build::Baseline => (&args.baseline_bin, 0, "A baseline"),
                 Build::Candidate => (&candidate, 1, "B candidate"),
             };
             let started = Instant::now();
             let record = run_child(bin, &args.scenario)
-                .with_context(|| format!("round {} of {}, {label}", round + 1, args.rounds))?;
+                .with_context(|| format!("{kind} {number} of {of}, {label}"))?;
             println!(
-                "  round {}/{}: {label:<11} {:.1} s",
-                round + 1,
-                args.rounds,
+                "  {kind} {number}/{of}: {label:<11} {:.1} s",
                 started.elapsed().as_secs_f64()
             );
-            records[index].push(record);
+            if counted {
+                records[index].push(record);
+            }
         }
     }
     let [baseline, candidate_records] = records;
@@ -112,6 +156,7 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
     json["scenario"] = "compare".into();
     json["compared"] = args.scenario.clone().into();
     json["rounds"] = args.rounds.into();
+    json["warmup_rounds"] = args.warmup.into();
     json["baseline_bin"] = args.baseline_bin.display().to_string().into();
     json["candidate_bin"] = candidate.display().to_string().into();
     println!("{json}");
@@ -210,6 +255,10 @@ enum Verdict {
     Same,
     /// A build's rounds spread (max − min) at least as far as the medians differ.
     TooNoisy,
+    /// Too noisy by the spread, but in every one of at least [`SIGN_ROUNDS`] rounds the
+    /// candidate's value lay on the same side of the baseline's (a sign test: chance alone
+    /// does that in at most 2 ÷ 2⁶, about 3 % of comparisons).
+    EveryRound,
     /// The medians differ by more than either build's spread.
     Differs,
     /// One round each: no spread to judge by.
@@ -221,6 +270,7 @@ impl Verdict {
         match self {
             Self::Same => "same median",
             Self::TooNoisy => "too noisy to call",
+            Self::EveryRound => "differs in every round",
             Self::Differs => "differs",
             Self::OneRound => "one round: cannot tell",
         }
@@ -268,10 +318,40 @@ impl Figure {
         } else if self.baseline.len() < 2 && self.candidate.len() < 2 {
             Verdict::OneRound
         } else if noise >= difference {
-            Verdict::TooNoisy
+            let one_side = self.paired().is_some_and(|ratios| {
+                ratios.len() >= SIGN_ROUNDS
+                    && (ratios.iter().all(|r| *r < 1.0) || ratios.iter().all(|r| *r > 1.0))
+            });
+            match one_side {
+                true => Verdict::EveryRound,
+                false => Verdict::TooNoisy,
+            }
         } else {
             Verdict::Differs
         }
+    }
+
+    /// Each round's candidate ÷ baseline (the two ran side by side, so the machine's drift
+    /// between rounds cancels); `None` unless both builds gave the figure in every round
+    /// and no baseline value is 0.
+    fn paired(&self) -> Option<Vec<f64>> {
+        (self.baseline.len() == self.candidate.len() && self.baseline.iter().all(|a| *a != 0.0))
+            .then(|| {
+                self.baseline
+                    .iter()
+                    .zip(&self.candidate)
+                    .map(|(a, b)| b / a)
+                    .collect()
+            })
+    }
+
+    /// The median of the paired ratios, and in how many rounds the candidate's value was
+    /// lower than the baseline's.
+    fn paired_summary(&self) -> Option<(f64, usize, usize)> {
+        let ratios = self.paired()?;
+        let lower = ratios.iter().filter(|r| **r < 1.0).count();
+        let rounds = ratios.len();
+        Some((median(ratios), lower, rounds))
     }
 
     /// The same value in every round of both builds (a parameter, or `duplicates: 0`).
@@ -341,16 +421,21 @@ impl Comparison {
                 .join(" ")
         };
         println!(
-            "  {:<38} {:>28} {:>28} {:>6} {:>7}  verdict",
-            "figure", "A median (rounds)", "B median (rounds)", "B ÷ A", "spread"
+            "  {:<38} {:>28} {:>28} {:>6} {:>17} {:>7}  verdict",
+            "figure", "A median (rounds)", "B median (rounds)", "B ÷ A", "paired", "spread"
         );
         for (name, figure) in self.varying() {
             let (a, b) = figure.medians();
             println!(
-                "  {name:<38} {:>28} {:>28} {:>6} {:>7}  {}",
+                "  {name:<38} {:>28} {:>28} {:>6} {:>17} {:>7}  {}",
                 format!("{} ({})", format_number(a), list(&figure.baseline)),
                 format!("{} ({})", format_number(b), list(&figure.candidate)),
                 figure.ratio().map_or("n/a".into(), |r| format!("{r:.2}")),
+                figure
+                    .paired_summary()
+                    .map_or("n/a".into(), |(r, lower, rounds)| format!(
+                        "{r:.2} ({lower}/{rounds} lower)"
+                    )),
                 figure
                     .spread()
                     .map_or("n/a".into(), |s| format!("{:.0} %", s * 100.0)),
@@ -374,8 +459,11 @@ impl Comparison {
             }
         }
         println!(
-            "  (spread: the larger of the two builds' (max − min) ÷ median; \"too noisy to call\": \
-             a build's rounds spread at least as far as the medians differ)"
+            "  (paired: the median of each round's B ÷ A, and in how many rounds B's value was the \
+             lower; spread: the larger of the two builds' (max − min) ÷ median; \"too noisy to \
+             call\": a build's rounds spread at least as far as the medians differ; \"differs in \
+             every round\": too noisy by that measure, but B was on the same side of A in every \
+             one of at least {SIGN_ROUNDS} rounds)"
         );
     }
 
@@ -384,10 +472,13 @@ impl Comparison {
             .varying()
             .map(|(name, figure)| {
                 let (a, b) = figure.medians();
+                let paired = figure.paired_summary();
                 let value = serde_json::json!({
                     "baseline_median": a, "candidate_median": b,
                     "baseline_rounds": figure.baseline, "candidate_rounds": figure.candidate,
                     "ratio": figure.ratio().map(|r| round(r, 3)),
+                    "paired_ratio": paired.map(|(r, _, _)| round(r, 3)),
+                    "candidate_lower_rounds": paired.map(|(_, lower, _)| lower),
                     "spread": figure.spread().map(|s| round(s, 3)),
                     "verdict": figure.verdict().text(),
                 });
@@ -431,6 +522,23 @@ mod tests {
         use Build::{Baseline as A, Candidate as B};
         let orders: Vec<[Build; 2]> = (0..4).map(order).collect();
         assert_eq!(orders, [[A, B], [B, A], [A, B], [B, A]]);
+    }
+
+    #[test]
+    fn warm_up_rounds_come_first_and_are_not_counted() {
+        use Build::{Baseline as A, Candidate as B};
+        let plan: Vec<(bool, u64, u64, [Build; 2])> = rounds(1, 2)
+            .map(|r| (r.counted, r.number, r.of, r.order))
+            .collect();
+        assert_eq!(
+            plan,
+            [
+                (false, 1, 1, [A, B]),
+                (true, 1, 2, [B, A]),
+                (true, 2, 2, [A, B])
+            ]
+        );
+        assert_eq!(rounds(0, 3).filter(|r| r.counted).count(), 3);
     }
 
     #[test]
@@ -484,12 +592,28 @@ mod tests {
         // (105 − 95) ÷ 100 against (82 − 78) ÷ 80.
         assert!((clear.spread().unwrap() - 0.1).abs() < 1e-12);
         assert_eq!(clear.verdict(), Verdict::Differs);
+        // Rounds paired: 80 ÷ 100, 82 ÷ 95, 78 ÷ 105; lower in all three.
+        let (paired, lower, rounds) = clear.paired_summary().unwrap();
+        assert!((paired - 0.8).abs() < 1e-12);
+        assert_eq!((lower, rounds), (3, 3));
 
         let noisy = Figure {
             baseline: vec![100.0, 70.0, 130.0],
             candidate: vec![90.0, 95.0, 85.0],
         };
         assert_eq!(noisy.verdict(), Verdict::TooNoisy);
+        // One wild round spreads the medians' noise past their difference, but every
+        // round paired says the same: lower in 6 of 6.
+        let outlier = Figure {
+            baseline: vec![18.0, 18.3, 17.2, 17.8, 17.4, 19.6],
+            candidate: vec![14.0, 13.9, 13.7, 13.9, 14.4, 19.5],
+        };
+        assert_eq!(outlier.verdict(), Verdict::EveryRound);
+        let five = Figure {
+            baseline: outlier.baseline[..5].to_vec(),
+            candidate: vec![14.0, 13.9, 13.7, 13.9, 18.0],
+        };
+        assert_eq!(five.verdict(), Verdict::TooNoisy, "fewer than six rounds");
 
         let same = Figure {
             baseline: vec![0.0, 0.0],
@@ -506,6 +630,12 @@ mod tests {
         };
         assert_eq!(once.verdict(), Verdict::OneRound);
         assert_eq!(once.spread(), None);
+        // A round without the figure: the rounds cannot be paired.
+        let gap = Figure {
+            baseline: vec![1.0, 2.0],
+            candidate: vec![1.0],
+        };
+        assert_eq!(gap.paired_summary(), None);
         assert_eq!(
             Figure {
                 baseline: vec![1.0, 2.0, 3.0, 4.0],
