@@ -246,6 +246,9 @@ fn flatten(value: &Value, path: &str, into: &mut BTreeMap<String, f64>) {
 struct Figure {
     baseline: Vec<f64>,
     candidate: Vec<f64>,
+    /// Both builds gave the figure in every round, so `baseline[i]` and `candidate[i]`
+    /// are round i's (a figure missing from a round is skipped, not held as a gap).
+    aligned: bool,
 }
 
 /// What the rounds say about a figure's difference.
@@ -335,14 +338,13 @@ impl Figure {
     /// between rounds cancels); `None` unless both builds gave the figure in every round
     /// and no baseline value is 0.
     fn paired(&self) -> Option<Vec<f64>> {
-        (self.baseline.len() == self.candidate.len() && self.baseline.iter().all(|a| *a != 0.0))
-            .then(|| {
-                self.baseline
-                    .iter()
-                    .zip(&self.candidate)
-                    .map(|(a, b)| b / a)
-                    .collect()
-            })
+        (self.aligned && self.baseline.iter().all(|a| *a != 0.0)).then(|| {
+            self.baseline
+                .iter()
+                .zip(&self.candidate)
+                .map(|(a, b)| b / a)
+                .collect()
+        })
     }
 
     /// The median of the paired ratios, and in how many rounds the candidate's value was
@@ -389,15 +391,18 @@ impl Comparison {
             by_name
         };
         let (mut a, mut b) = (values(baseline), values(candidate));
+        let rounds = (baseline.len(), candidate.len());
         let mut comparison = Comparison::default();
         for (name, baseline) in std::mem::take(&mut a) {
             match b.remove(&name) {
                 Some(candidate) => {
+                    let aligned = baseline.len() == rounds.0 && candidate.len() == rounds.1;
                     comparison.figures.insert(
                         name,
                         Figure {
                             baseline,
                             candidate,
+                            aligned,
                         },
                     );
                 }
@@ -586,6 +591,7 @@ mod tests {
         let clear = Figure {
             baseline: vec![100.0, 95.0, 105.0],
             candidate: vec![80.0, 82.0, 78.0],
+            aligned: true,
         };
         assert_eq!(clear.medians(), (100.0, 80.0));
         assert!((clear.ratio().unwrap() - 0.8).abs() < 1e-12);
@@ -600,6 +606,7 @@ mod tests {
         let noisy = Figure {
             baseline: vec![100.0, 70.0, 130.0],
             candidate: vec![90.0, 95.0, 85.0],
+            aligned: true,
         };
         assert_eq!(noisy.verdict(), Verdict::TooNoisy);
         // One wild round spreads the medians' noise past their difference, but every
@@ -607,17 +614,20 @@ mod tests {
         let outlier = Figure {
             baseline: vec![18.0, 18.3, 17.2, 17.8, 17.4, 19.6],
             candidate: vec![14.0, 13.9, 13.7, 13.9, 14.4, 19.5],
+            aligned: true,
         };
         assert_eq!(outlier.verdict(), Verdict::EveryRound);
         let five = Figure {
             baseline: outlier.baseline[..5].to_vec(),
             candidate: vec![14.0, 13.9, 13.7, 13.9, 18.0],
+            aligned: true,
         };
         assert_eq!(five.verdict(), Verdict::TooNoisy, "fewer than six rounds");
 
         let same = Figure {
             baseline: vec![0.0, 0.0],
             candidate: vec![0.0, 0.0],
+            aligned: true,
         };
         assert_eq!(same.verdict(), Verdict::Same);
         assert_eq!(same.ratio(), None);
@@ -627,6 +637,7 @@ mod tests {
         let once = Figure {
             baseline: vec![1.0],
             candidate: vec![2.0],
+            aligned: true,
         };
         assert_eq!(once.verdict(), Verdict::OneRound);
         assert_eq!(once.spread(), None);
@@ -634,12 +645,14 @@ mod tests {
         let gap = Figure {
             baseline: vec![1.0, 2.0],
             candidate: vec![1.0],
+            aligned: false,
         };
         assert_eq!(gap.paired_summary(), None);
         assert_eq!(
             Figure {
                 baseline: vec![1.0, 2.0, 3.0, 4.0],
                 candidate: vec![5.0],
+                aligned: false,
             }
             .medians(),
             (2.5, 5.0)
@@ -669,6 +682,23 @@ mod tests {
         assert_eq!(varying, ["cpu_us_per_event", "events_per_sec"]);
         let json = comparison.json();
         assert_eq!(json["constant"]["events"], 9.0);
+        assert_eq!(
+            json["figures"]["cpu_us_per_event"]["candidate_lower_rounds"],
+            2
+        );
+        // A figure B lacks in one round: its rounds are not paired, though both have it.
+        let gappy = Comparison::of(
+            &[
+                map(serde_json::json!({"db": 70})),
+                map(serde_json::json!({"db": 80})),
+            ],
+            &[
+                map(serde_json::json!({"db": null})),
+                map(serde_json::json!({"db": 60})),
+            ],
+        );
+        assert!(!gappy.figures["db"].aligned);
+        assert_eq!(gappy.json()["figures"]["db"]["paired_ratio"], Value::Null);
         assert_eq!(json["figures"]["cpu_us_per_event"]["baseline_median"], 30.5);
         assert_eq!(json["figures"]["cpu_us_per_event"]["ratio"], 0.836);
         assert_eq!(json["figures"]["cpu_us_per_event"]["verdict"], "differs");
