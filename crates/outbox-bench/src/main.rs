@@ -13,6 +13,7 @@ mod idle;
 mod latency;
 mod otlp_sink;
 mod process;
+mod published;
 mod scenario;
 
 use clap::{Args, Parser, Subcommand};

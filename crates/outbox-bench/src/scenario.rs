@@ -7,6 +7,7 @@ use crate::consumer::{Consume, ConsumerProcess, Report};
 use crate::cost::{Cost, CostWatch};
 use crate::otlp_sink::SinkProcess;
 use crate::process;
+use crate::published;
 use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
 use outbox_amqp::tap::{delete_exchange, delete_queue};
@@ -175,41 +176,15 @@ impl Bench {
         let until = Instant::now() + deadline;
         let mut asked = 0;
         for outbox in &self.outboxes {
-            let db = outbox.store.connection();
-            let backend = db.get_database_backend();
-            let table = outbox.store.table();
-            // PostgreSQL: the pending index's first entry at or above the last one found.
-            // Without `ORDER BY id` the planner, whose statistics saw a table of pending
-            // rows, scans the heap for the first pending row, through every published one
-            // (issue 28); from the index's head, each question reads the pages of every
-            // entry the drain's marks left dead there (140 pages a question at the end of
-            // 100,000 events: a tenth of the database's CPU in `drain`). The bench's rows
-            // never become pending again, so nothing below the last pending row found can
-            // be pending later. Not elsewhere: MariaDB and SQLite answer `ORDER BY id` from
-            // the primary key, through every published row, and the pending index without it.
+            // The bench's rows never become pending again, so nothing below the last
+            // pending row found can be pending later.
             let mut from = 0_i64;
             loop {
                 asked += 1;
-                let question = match backend {
-                    DbBackend::Postgres => Statement::from_sql_and_values(
-                        backend,
-                        format!(
-                            "SELECT id AS one FROM {table} WHERE status = 'pending' AND id >= $1 \
-                             ORDER BY id LIMIT 1"
-                        ),
-                        [from.into()],
-                    ),
-                    DbBackend::MySql | DbBackend::Sqlite => Statement::from_string(
-                        backend,
-                        format!("SELECT 1 AS one FROM {table} WHERE status = 'pending' LIMIT 1"),
-                    ),
-                };
-                let Some(row) = db.query_one(question).await? else {
+                let Some(pending) = first_pending(outbox, from).await? else {
                     break;
                 };
-                if backend == DbBackend::Postgres {
-                    from = row.try_get::<i64>("", "one")?;
-                }
+                from = pending;
                 if Instant::now() > until {
                     bail!("not every event was marked within {deadline:?}");
                 }
@@ -217,6 +192,40 @@ impl Bench {
             }
         }
         Ok(asked)
+    }
+
+    /// Waits until the relays in this process have committed `target` `published`
+    /// outcomes in all ([`published`]'s count, read every 10 ms), then confirms that no
+    /// row is pending ([`Bench::wait_all_marked`]). Meanwhile the database is asked once a
+    /// second, so that a run whose events end otherwise (dead) still ends. Returns how
+    /// many questions it asked.
+    pub(crate) async fn wait_published(
+        &self,
+        target: u64,
+        deadline: Duration,
+    ) -> anyhow::Result<u64> {
+        let until = Instant::now() + deadline;
+        let mut asked = 0;
+        let mut next_question = Instant::now() + Duration::from_secs(1);
+        while published::so_far() < target {
+            if Instant::now() >= next_question {
+                let mut any = false;
+                for outbox in &self.outboxes {
+                    asked += 1;
+                    any |= first_pending(outbox, 0).await?.is_some();
+                }
+                if !any {
+                    return Ok(asked);
+                }
+                next_question = Instant::now() + Duration::from_secs(1);
+            }
+            if Instant::now() > until {
+                bail!("not every event was marked within {deadline:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        Ok(asked + self.wait_all_marked(left).await?)
     }
 
     /// Inserts `events` pending events, ids `{prefix}-{n:08}`, room `n % rooms`, a chunk at
@@ -275,12 +284,14 @@ impl Bench {
             .map(|o| o.store.table().as_str().to_owned());
         let mut cost = CostWatch::start(self.store.connection(), tables.collect()).await;
         process::reset_peak_rss();
+        published::install();
+        let target = published::so_far() + events as u64;
         let started = Instant::now();
         let broker = open_broker(&self.config).await?;
         let relays = start_relays(&self.config, &self.outboxes, &broker).await?;
         let deadline = Duration::from_secs(120).max(Duration::from_millis(events as u64 * 2));
         // Every row marked means every publish was confirmed: the broker holds every event.
-        let asked = match self.wait_all_marked(deadline).await {
+        let asked = match self.wait_published(target, deadline).await {
             Ok(asked) => asked,
             Err(error) => {
                 // Stopped before the error returns: a relay dropped with the runtime would
@@ -354,6 +365,43 @@ pub(crate) fn event(run: &str, n: usize, rooms: usize, bytes: usize) -> NewEvent
         headers: None,
         available_at: None,
     }
+}
+
+/// One question to `outbox`'s table: the position of a pending row (on PostgreSQL the
+/// first at or above `from`; elsewhere any, as 0), or `None` when no row is pending.
+///
+/// PostgreSQL: the pending index's first entry at or above `from`. Without `ORDER BY id`
+/// the planner, whose statistics saw a table of pending rows, scans the heap for the first
+/// pending row, through every published one (issue 28); from the index's head, each
+/// question reads the pages of every entry the drain's marks left dead there (140 pages a
+/// question at the end of 100,000 events). Not elsewhere: MariaDB and SQLite answer
+/// `ORDER BY id` from the primary key, through every published row, and the pending index
+/// without it.
+async fn first_pending(outbox: &OpenOutbox, from: i64) -> anyhow::Result<Option<i64>> {
+    let db = outbox.store.connection();
+    let backend = db.get_database_backend();
+    let table = outbox.store.table();
+    let question = match backend {
+        DbBackend::Postgres => Statement::from_sql_and_values(
+            backend,
+            format!(
+                "SELECT id AS one FROM {table} WHERE status = 'pending' AND id >= $1 \
+                 ORDER BY id LIMIT 1"
+            ),
+            [from.into()],
+        ),
+        DbBackend::MySql | DbBackend::Sqlite => Statement::from_string(
+            backend,
+            format!("SELECT 1 AS one FROM {table} WHERE status = 'pending' LIMIT 1"),
+        ),
+    };
+    let Some(row) = db.query_one(question).await? else {
+        return Ok(None);
+    };
+    Ok(Some(match backend {
+        DbBackend::Postgres => row.try_get::<i64>("", "one")?,
+        DbBackend::MySql | DbBackend::Sqlite => 0,
+    }))
 }
 
 /// What one timed [`Bench::drain`] measured.
