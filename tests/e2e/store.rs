@@ -305,7 +305,7 @@ per_backend!(runners_started_together_migrate_one_table: postgres, mariadb);
 /// The scan floor (docs/design.md#claims-leases-and-ordering, "The scan floor"): a claim
 /// says where the pending rows begin; a claim from a floor takes nothing below it, and
 /// under `per_room` a pending row below it (committed late) holds back its room's later
-/// rows instead of being overtaken.
+/// rows instead of being overtaken, unless the claiming node holds its lease.
 async fn claims_from_a_floor_skip_below_it_and_keep_room_order(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     seed_rooms(&database, &["a1", "b1", "a2", "b2", "c1"]).await;
@@ -386,6 +386,23 @@ async fn claims_from_a_floor_skip_below_it_and_keep_room_order(backend: Backend)
         .unwrap();
     assert_eq!(event_ids(&from_head.records), ["b2"]);
     assert_eq!(from_head.floor, Some(a2));
+
+    // A floor past the node's own rows in flight (as the Fetcher sets it after a full
+    // claim): a2, leased to n1 below it, does not hold back a3 for n1, whose Publisher
+    // keeps a2 ahead; for any other node it does.
+    outbox_tests::seed(&database, &[event("a3", "a")]).await;
+    let mut request = claim("n4", 10, Ordering::PerRoom);
+    request.floor = Some(c1 + 1);
+    let other = store.claim_with_floor(&request).await.unwrap();
+    assert!(other.records.is_empty(), "a3 waits behind n1's a2");
+    let mut request = claim("n1", 10, Ordering::PerRoom);
+    request.floor = Some(c1 + 1);
+    let own = store.claim_with_floor(&request).await.unwrap();
+    assert_eq!(
+        event_ids(&own.records),
+        ["a3"],
+        "n1's own a2, below the floor, does not hold a3 back"
+    );
     database.drop_table().await;
 }
 

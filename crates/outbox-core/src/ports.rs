@@ -91,10 +91,12 @@ pub struct ClaimRequest {
     /// always taken: a claim holds less than `max_bytes` plus its last row. `None`: no bound.
     pub max_bytes: Option<usize>,
     /// Start the candidate scan at this id: a [`Claimed::floor`] of an earlier claim, below
-    /// which no pending row was left then. Rows below it are not claimed, and under
-    /// `per_room` a pending row below it holds back the later rows of its room, so a row
-    /// committed late below the floor is never overtaken in its room; it waits for the
-    /// next claim without a floor. `None`: from the oldest pending row.
+    /// which no pending row was left then, or just past the rows that claim leased. Rows
+    /// below it are not claimed, and under `per_room` a pending row below it holds back
+    /// the later rows of its room unless it is leased to the claiming node (in flight
+    /// there), so a row committed late or skipped below the floor is never overtaken in
+    /// its room; it waits for the next claim without a floor. `None`: from the oldest
+    /// pending row.
     pub floor: Option<i64>,
 }
 

@@ -43,12 +43,22 @@ impl ScanFloor {
 
     /// A claim made at `now` with floor `asked` came back with `claimed`; `full`: it
     /// returned as many rows as it could take (more are probably waiting).
+    ///
+    /// The next floor is the lowest pending row the claim saw, or just past the last row
+    /// it leased if that is higher: the rows between are this node's own, in flight (which
+    /// the next claim would otherwise walk past, one heap visit each), or rows this claim
+    /// skipped, which wait for the next claim from the head like a late commit.
     pub fn claimed(&mut self, now: Instant, asked: Option<i64>, claimed: &Claimed, full: bool) {
         if asked.is_none() {
             self.from_head_at = Some(now);
         }
+        let past_leased = claimed
+            .records
+            .iter()
+            .map(|record| record.id.saturating_add(1))
+            .max();
         // No answer (nothing leased): nothing seen moves the floor; keep where it was.
-        self.floor = claimed.floor.or(asked);
+        self.floor = claimed.floor.or(asked).max(past_leased);
         self.draining = full;
     }
 
@@ -61,6 +71,7 @@ impl ScanFloor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fakes::record;
 
     fn answer(floor: Option<i64>) -> Claimed {
         Claimed {
@@ -103,6 +114,30 @@ mod tests {
         );
         floor.claimed(start + FLOOR_REFRESH, None, &answer(Some(15)), true);
         assert_eq!(floor.next(start + FLOOR_REFRESH), Some(15));
+    }
+
+    #[test]
+    fn a_full_claim_moves_the_floor_past_the_rows_it_leased() {
+        let now = Instant::now();
+        let mut floor = ScanFloor::default();
+        let leased = |ids: &[i64], floor: Option<i64>| Claimed {
+            records: ids.iter().map(|&id| record(id, "room")).collect(),
+            floor,
+        };
+        floor.claimed(now, None, &leased(&[10, 11, 14], Some(10)), true);
+        assert_eq!(
+            floor.next(now),
+            Some(15),
+            "the node's own rows in flight are not walked again"
+        );
+        floor.claimed(now, Some(15), &leased(&[], None), true);
+        assert_eq!(floor.next(now), Some(15), "nothing leased: kept");
+        floor.claimed(now, Some(15), &leased(&[16], Some(40)), true);
+        assert_eq!(
+            floor.next(now),
+            Some(40),
+            "the lowest pending row when it is higher"
+        );
     }
 
     #[test]

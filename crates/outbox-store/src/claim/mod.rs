@@ -152,9 +152,16 @@ impl Claim<'_> {
             // backlog per candidate (docs/design.md#claims-leases-and-ordering).
             let earlier = format!("e.{position} < c.{position}");
             // Below the floor, a pending row is one this claim cannot take (committed
-            // late, or made pending again): it holds its room back like a leased one.
+            // late, skipped by the claim that set the floor, or made pending again): it
+            // holds its room back like a leased one, unless it is this node's own, leased
+            // and in flight, which the Publisher keeps ahead of its room's later rows.
             let below_floor = match request.floor {
-                Some(floor) => format!(" OR e.{position} < {}", params.bind(floor)),
+                Some(floor) => format!(
+                    " OR (e.{position} < {} AND (e.locked_until IS NULL OR {} < {}))",
+                    params.bind(floor),
+                    dialect.time("e.locked_until"),
+                    params.bind_time_expr(now)
+                ),
                 None => String::new(),
             };
             sql.push_str(&format!(
