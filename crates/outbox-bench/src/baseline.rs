@@ -123,6 +123,10 @@ pub async fn run(events: usize, body_bytes: usize, consume: Consume) -> anyhow::
         let broker_us = broker_after
             .zip(broker_before)
             .map(|(now, then)| (now - then) / events.max(1) as f64 * 1e6);
+        println!(
+            "  baseline window {window}: {rate:.0} msg/s, CPU {cpu_us:.1} µs/message, broker CPU {} µs/message",
+            broker_us.map_or("n/a".to_owned(), |v| format!("{v:.1}"))
+        );
         if rate > best.rate {
             best = Baseline {
                 events,
