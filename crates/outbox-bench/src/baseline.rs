@@ -27,6 +27,8 @@ pub struct Baseline {
     pub rate: f64,
     /// That window.
     pub window: usize,
+    /// Channels the messages were spread over.
+    pub channels: usize,
     /// CPU time of this process per message in that run: what lapin alone costs, for
     /// comparison with the relay's CPU per event.
     pub cpu_us: f64,
@@ -45,9 +47,10 @@ impl Baseline {
     pub fn print(self) {
         let us = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.1}"));
         println!(
-            "baseline: {} messages, best window {}: {:.0} msg/s, CPU {:.1} µs/message | \
-             broker CPU {} µs/message | all in {} µs/message",
+            "baseline: {} messages, {} channel(s), best window {}: {:.0} msg/s, CPU {:.1} \
+             µs/message | broker CPU {} µs/message | all in {} µs/message",
             self.events,
+            self.channels,
             self.window,
             self.rate,
             self.cpu_us,
@@ -58,6 +61,7 @@ impl Baseline {
         println!(
             "{}",
             serde_json::json!({"scenario": "baseline", "events": self.events, "window": self.window,
+                "channels": self.channels,
                 "events_per_sec": self.rate.round(), "cpu_us_per_event": tenth(self.cpu_us),
                 "broker_cpu_us_per_message": self.broker_us.map(tenth),
                 "all_in_cpu_us_per_message": self.all_in_us().map(tenth)})
@@ -67,11 +71,18 @@ impl Baseline {
 
 /// Publishes `events` persistent messages of `body_bytes` bytes to a durable topic exchange
 /// bound to one durable queue, with 256 and then 1024 confirms in flight; returns the
-/// better run. A consumer process reads the queue as `drain`'s does (`consume`: while the
-/// messages are published, or only after each window), so that the broker's work per
+/// better run. The messages go over `channels` confirm channels of one connection, each
+/// room's to one channel (1: issue 28's bare publisher; the relay has one per Publisher).
+/// A consumer process reads the queue as `drain`'s does (`consume`: while the messages
+/// are published, or only after each window), so that the broker's work per
 /// message, and so "all in ÷ bare", compare like with like: RabbitMQ confirms a persistent
 /// message nobody consumes only once it is on disk, and delivering costs it CPU too.
-pub async fn run(events: usize, body_bytes: usize, consume: Consume) -> anyhow::Result<Baseline> {
+pub async fn run(
+    events: usize,
+    body_bytes: usize,
+    consume: Consume,
+    channels: usize,
+) -> anyhow::Result<Baseline> {
     let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
         .await
         .context("cannot connect to RabbitMQ (start it with `rabbitmq-server -detached`)")?;
@@ -83,9 +94,16 @@ pub async fn run(events: usize, body_bytes: usize, consume: Consume) -> anyhow::
     declare_topic_exchange(&channel, &name).await?;
     let tap = Tap::open(channel, TapQueue::Durable(name.clone()), &name, "#").await?;
     let channel = tap.channel();
+    let mut publishers = vec![channel.clone()];
+    while publishers.len() < channels {
+        let more = connection.create_channel().await?;
+        more.confirm_select(ConfirmSelectOptions::default()).await?;
+        publishers.push(more);
+    }
     let body = vec![b'x'; body_bytes];
     let mut best = Baseline {
         events,
+        channels: publishers.len(),
         ..Baseline::default()
     };
     for window in [256, 1024] {
@@ -100,7 +118,8 @@ pub async fn run(events: usize, body_bytes: usize, consume: Consume) -> anyhow::
             if in_flight.len() == window {
                 expect_ack(in_flight.pop_front()).await?;
             }
-            let confirm = channel
+            // By room, as the relay's Fetcher picks a room's Publisher.
+            let confirm = publishers[(n % 1000) as usize % publishers.len()]
                 .basic_publish(
                     name.as_str().into(),
                     "bench.event".into(),
@@ -130,6 +149,7 @@ pub async fn run(events: usize, body_bytes: usize, consume: Consume) -> anyhow::
         if rate > best.rate {
             best = Baseline {
                 events,
+                channels: publishers.len(),
                 rate,
                 window,
                 cpu_us,

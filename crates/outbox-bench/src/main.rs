@@ -4,6 +4,7 @@
 //! own. The figures and how to read them: BENCHMARKS.md.
 
 mod adopt;
+mod args;
 mod baseline;
 mod compare;
 mod consumer;
@@ -73,6 +74,9 @@ struct BaselineArgs {
     /// Let the consumer read the queue only after each window (as `drain --consume-after`).
     #[arg(long)]
     consume_after: bool,
+    /// Channels to spread the messages over, by room (the relay has one per Publisher).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    channels: u16,
 }
 
 fn main() -> ExitCode {
@@ -88,6 +92,7 @@ fn main() -> ExitCode {
                     true => consumer::Consume::Later,
                     false => consumer::Consume::Now,
                 },
+                usize::from(args.channels),
             )
             .await
             .map(|result| result.print()),

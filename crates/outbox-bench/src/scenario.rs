@@ -2,6 +2,7 @@
 //! ([`crate::consumer`]) in a child process on a durable queue bound to the relay's
 //! exchange.
 
+pub use crate::args::{DrainArgs, MatrixArgs};
 use crate::baseline::{self, Baseline};
 use crate::consumer::{Consume, ConsumerProcess, Report};
 use crate::cost::{Cost, CostWatch};
@@ -9,7 +10,7 @@ use crate::otlp_sink::SinkProcess;
 use crate::process;
 use crate::published;
 use anyhow::{bail, Context as _};
-use clap::{Args, ValueEnum};
+use clap::ValueEnum;
 use outbox_amqp::tap::{delete_exchange, delete_queue};
 use outbox_cli::settings::{Config, OutboxSettings, Settings};
 use outbox_cli::startup::{open_broker, open_outboxes, start_relays, OpenOutbox};
@@ -27,84 +28,6 @@ pub enum Backend {
     Sqlite,
     /// `OUTBOX_BENCH_MYSQL_URL`, default the local MariaDB.
     Mysql,
-}
-
-/// `drain` options.
-#[derive(Debug, Clone, Args)]
-pub struct DrainArgs {
-    /// Database backend.
-    #[arg(long, value_enum, default_value = "postgres")]
-    backend: Backend,
-    /// Events to pre-fill.
-    #[arg(long, default_value_t = 100_000)]
-    events: usize,
-    /// Rooms they are spread over (1 or 10 for a hot-room case).
-    #[arg(long, default_value_t = 1_000)]
-    rooms: usize,
-    /// `relay.publishers`.
-    #[arg(long, default_value_t = 4)]
-    publishers: i64,
-    /// `relay.batch_size`.
-    #[arg(long, default_value_t = 100)]
-    batch_size: i64,
-    /// `relay.ordering`: per_room or none.
-    #[arg(long, default_value = "per_room")]
-    ordering: String,
-    /// `relay.published_rows`: keep (marked published) or delete.
-    #[arg(long, default_value = "keep")]
-    published_rows: String,
-    /// Skip the baseline run (no ratio).
-    #[arg(long)]
-    no_baseline: bool,
-    /// Repeat the run this many times and report each run and the medians.
-    #[arg(long, default_value_t = 1)]
-    runs: usize,
-    /// Outbox tables relayed by the one process (`[[outboxes]]`), the events split between
-    /// them room by room; each outbox has `--publishers` publishers of its own.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
-    outboxes: u16,
-    /// Let the consumer read the queue only after the drain (default: while the relay
-    /// runs, as a consumer that keeps up would). RabbitMQ confirms a persistent message
-    /// nobody has consumed yet only once it is on disk, so confirms come later.
-    #[arg(long)]
-    consume_after: bool,
-    /// Bytes of each pre-filled envelope (at least 64); the lapin baseline publishes
-    /// bodies of the same size.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(64..))]
-    envelope_bytes: u64,
-    /// `relay.max_inflight_bytes`; default: the setting's default.
-    #[arg(long)]
-    max_inflight_bytes: Option<i64>,
-    /// With a span per event exported over OTLP to a sink process (`telemetry.otlp_endpoint`;
-    /// needs `--features otel`): the cost of tracing.
-    #[arg(long)]
-    otlp: bool,
-}
-
-/// `matrix` options: `drain` over publishers × batch sizes.
-#[derive(Debug, Args)]
-pub struct MatrixArgs {
-    /// Database backend.
-    #[arg(long, value_enum, default_value = "postgres")]
-    backend: Backend,
-    /// Events per run.
-    #[arg(long, default_value_t = 50_000)]
-    events: usize,
-    /// Rooms.
-    #[arg(long, default_value_t = 1_000)]
-    rooms: usize,
-    /// Publisher counts to try.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-    publishers: Vec<i64>,
-    /// Batch sizes to try.
-    #[arg(long, value_delimiter = ',', default_value = "100,500")]
-    batch_sizes: Vec<i64>,
-    /// `relay.ordering`.
-    #[arg(long, default_value = "per_room")]
-    ordering: String,
-    /// Runs per cell (medians are reported).
-    #[arg(long, default_value_t = 3)]
-    runs: usize,
 }
 
 /// A fresh table and exchange for one run; the consumer runs in its own process.
@@ -612,6 +535,7 @@ fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
         json["baseline_broker_cpu_us_per_message"] = some(&|r| baseline(r).broker_us, 1).into();
         json["baseline_all_in_cpu_us_per_message"] = some(&|r| baseline(r).all_in_us(), 1).into();
         json["all_in_ratio"] = some(&|r| r.all_in_ratio(), 2).into();
+        json["baseline_channels"] = args.baseline_channels.into();
     }
     json
 }
@@ -660,7 +584,8 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
     let baseline = if args.no_baseline {
         None
     } else {
-        Some(baseline::run(args.events, args.envelope_bytes as usize, consume).await?)
+        let channels = usize::from(args.baseline_channels);
+        Some(baseline::run(args.events, args.envelope_bytes as usize, consume, channels).await?)
     };
     Ok(DrainRun {
         seconds: drained.seconds,
@@ -696,6 +621,7 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<()> {
                 outboxes: 1,
                 otlp: false,
                 envelope_bytes: 512,
+                baseline_channels: 1,
                 max_inflight_bytes: None,
             };
             let mut runs = Vec::with_capacity(args.runs);
