@@ -78,9 +78,10 @@ pub struct StopClaiming;
 #[rtype(result = "()")]
 pub struct Stop;
 
-/// Claims up to `batch_size` rows per [`Tick`], one claim at a time (the Tick handler is
-/// atomic), keeps the rows in flight below `max_in_flight` and their envelope bytes below
-/// `max_in_flight_bytes` (plus one row: a claim always takes at least one), and sends each record to the
+/// Claims up to `batch_size` rows per [`Tick`] (more while claims come back full, up to
+/// the in-flight bound), one claim at a time (the Tick handler is atomic), keeps the rows
+/// in flight below `max_in_flight` and their envelope bytes below `max_in_flight_bytes`
+/// (plus one row: a claim always takes at least one), and sends each record to the
 /// publisher picked by a stable hash of its room: one room always goes through one
 /// publisher, which keeps the room's order.
 pub struct Fetcher {
@@ -95,6 +96,12 @@ pub struct Fetcher {
     scheduler: Recipient<Wake>,
     /// Node, batch size, lease and ordering of every claim.
     request: ClaimRequest,
+    /// Rows the next claim asks for. While claims come back full (a backlog drains), each
+    /// asks for twice the rows of the last, up to the in-flight bound (4 × `batch_size`),
+    /// and never for more than the bound leaves: a claim's fixed costs (its transaction,
+    /// round trips and lock) are paid per claim, not per row. The first claim that comes
+    /// back short asks for `batch_size` again.
+    next_limit: usize,
     /// Claimed rows whose outcome is not written yet.
     in_flight: usize,
     /// Bound on `in_flight`; also bounds the outcomes waiting in the Marker.
@@ -159,6 +166,7 @@ impl Fetcher {
             store,
             publishers,
             scheduler,
+            next_limit: request.limit,
             request,
             in_flight: 0,
             max_in_flight: max_in_flight.max(1),
@@ -243,6 +251,7 @@ impl Handler<Tick> for Fetcher {
             return AtomicResponse::new(Box::pin(fut::ready(TickReport::default())));
         }
         let mut request = self.request.clone();
+        request.limit = self.next_limit;
         if room < request.limit {
             request.limit = room;
             self.deferred = true;
@@ -277,6 +286,10 @@ impl Handler<Tick> for Fetcher {
                     let cut_by_bytes = bytes >= byte_room;
                     let full = records.len() == limit;
                     fetcher.floor.claimed(now, asked, &claimed, full || cut_by_bytes);
+                    fetcher.next_limit = match full && !cut_by_bytes {
+                        true => (fetcher.next_limit * 2).min(fetcher.max_in_flight),
+                        false => fetcher.request.limit,
+                    };
                     let records = claimed.records;
                     let highest = records.iter().map(|record| record.id).max();
                     fetcher.last_claimed = fetcher.last_claimed.max(highest);
@@ -310,6 +323,7 @@ impl Handler<Tick> for Fetcher {
                         debug!(outbox = %fetcher.outbox, %error, ?retry_in, "claim failed again");
                     }
                     fetcher.unsure = true;
+                    fetcher.next_limit = fetcher.request.limit;
                     fetcher.floor.forget();
                     fetcher.retry_at = Some(Instant::now() + retry_in);
                     TickReport::default()
@@ -494,6 +508,31 @@ mod tests {
             fetcher.send(Tick).await.unwrap().claimed,
             0,
             "stopped: no more claims"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn claims_grow_while_a_backlog_drains_and_shrink_when_one_comes_back_short() {
+        let store = Arc::new(FakeStore::default());
+        let add = |ids: std::ops::RangeInclusive<i64>| {
+            let mut claimable = store.claimable.lock().unwrap();
+            claimable.extend(ids.map(|id| record(id, "a")));
+        };
+        add(1..=50);
+        let (fetcher, _published) = fetcher(Arc::clone(&store), Duration::from_secs(30));
+        let mut claims = Vec::new();
+        for _ in 0..4 {
+            claims.push(fetcher.send(Tick).await.unwrap().claimed);
+            fetcher.do_send(marked(20, 0));
+        }
+        // batch_size 10 and an in-flight bound of 20: 10, full, then twice that (the
+        // bound), and nothing left to claim.
+        assert_eq!(claims, [10, 20, 20, 0]);
+        add(51..=80);
+        assert_eq!(
+            fetcher.send(Tick).await.unwrap().claimed,
+            10,
+            "after a short claim, batch_size again"
         );
     }
 
