@@ -20,8 +20,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The largest `relay.batch_size`: a MySQL claim binds one value per claimed row (its limit
-/// is 65,535), and the relay holds 4 × `batch_size` records in memory.
+/// The largest `relay.batch_size`: a MySQL claim binds one value per claimed row, up to
+/// 4 × `batch_size` while a backlog drains (its limit is 65,535), and the relay holds
+/// 4 × `batch_size` records in memory.
 const MAX_BATCH_SIZE: usize = 10_000;
 
 impl Settings {
