@@ -522,8 +522,10 @@ mod tests {
         let (fetcher, _published) = fetcher(Arc::clone(&store), Duration::from_secs(30));
         let mut claims = Vec::new();
         for _ in 0..4 {
-            claims.push(fetcher.send(Tick).await.unwrap().claimed);
-            fetcher.do_send(marked(20, 0));
+            let claimed = fetcher.send(Tick).await.unwrap().claimed;
+            claims.push(claimed);
+            // Every claimed row's outcome written: the whole window is free again.
+            fetcher.do_send(marked(claimed, 0));
         }
         // batch_size 10 and an in-flight bound of 20: 10, full, then twice that (the
         // bound), and nothing left to claim.
