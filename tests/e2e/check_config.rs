@@ -1,8 +1,9 @@
 //! `check-config` answers what `run` would: it asks every database and every broker of
 //! `amqp.url`; a refusal (login, unknown database or vhost, an exchange of another type)
 //! is exit code 2 naming the outbox or the broker entry, the setting and the reason; an
-//! address that cannot be reached is a `# warning:` and exit code 0; `--offline` asks
-//! nothing.
+//! address that cannot be reached is a `# warning:` and exit code 0, each host of a
+//! database URL listing several too (and `run` names a host it passes over); `--offline`
+//! asks nothing.
 
 use outbox_tests::output::{stderr, stdout};
 use outbox_tests::{run_binary, unique_name, Backend, TestApp};
@@ -263,3 +264,94 @@ async fn unreachable_addresses_are_warnings_and_offline_contacts_nothing() {
     assert!(!out.contains("login and vhost accepted"), "{out}");
     app.teardown().await;
 }
+
+/// `url` (one host) with its host list replaced by `hosts` (`host:port,…`), as libpq
+/// lists them.
+fn with_hosts(url: &str, hosts: &str) -> String {
+    outbox_store::hosts::with_hosts_of(&format!("postgres://{hosts}/"), url)
+}
+
+/// A host of a multi-host `database.url` that cannot be reached is named, as `host:port`
+/// and never with the password: by `check-config` (each host asked, a `# warning:` for it)
+/// and by `run` when connecting passes it over for the next.
+async fn a_host_of_a_database_url_passed_over_is_named(backend: Backend) {
+    const PASSWORD: &str = "Host-list-pw-93f1";
+    let app = TestApp::on(backend).build().await;
+    let parsed = url::Url::parse(&app.settings.database.url).expect("a URL");
+    let server = format!(
+        "{}:{}",
+        parsed.host_str().expect("a host"),
+        parsed.port().unwrap_or(match backend {
+            Backend::Postgres => 5432,
+            _ => 3306,
+        })
+    );
+    let closed = format!("127.0.0.1:{}", closed_port());
+    // The test's PostgreSQL trusts local logins whatever the password: one can be given
+    // there to check that it is shown nowhere. MariaDB's root has none.
+    let password = match backend {
+        Backend::Postgres => PASSWORD,
+        _ => "",
+    };
+    let settings_on = |hosts: &str| {
+        app.settings_with(|settings| {
+            settings.database.url = with_hosts(&settings.database.url, hosts);
+            settings.database.password = password.into();
+            settings.log.format = "json".into();
+        })
+    };
+
+    // check-config: the reachable host and the closed one, each named.
+    let settings = settings_on(&format!("{server},{closed}"));
+    let output = run_binary(crate::RELAY, &settings, &["check-config"]);
+    let out = outbox_tests::output::succeeded("check-config on a host list", &output);
+    assert!(
+        out.lines().any(|line| line.starts_with("# outbox ")
+            && line.ends_with(&format!("database.url host {server} takes writes"))),
+        "the first host: {out}"
+    );
+    assert!(
+        out.lines()
+            .any(|line| line.starts_with("# warning: outbox ")
+                && line.contains(&format!(
+                    "database.url host {closed} cannot be used: connection refused"
+                ))),
+        "the closed host named: {out}"
+    );
+    assert!(out.contains("fits the mapping"), "the table checked: {out}");
+    assert!(
+        !out.contains(PASSWORD) && !stderr(&output).contains(PASSWORD),
+        "no password: {out}"
+    );
+
+    // run: the closed host first, passed over for the reachable one, and said so.
+    let relay = outbox_tests::RelayProcess::spawn(
+        crate::RELAY,
+        &settings_on(&format!("{closed},{server}")),
+    );
+    let mut passed = Vec::new();
+    outbox_tests::eventually(
+        "the host passed over in the log",
+        Duration::from_secs(30),
+        || {
+            passed = relay.log_lines("a database host of the URL is passed over");
+            std::future::ready(!passed.is_empty())
+        },
+    )
+    .await;
+    let line = &passed[0];
+    assert_eq!(line["level"], "WARN", "{line}");
+    assert_eq!(line["host"], closed.as_str(), "{line}");
+    assert_eq!(line["next"], server.as_str(), "{line}");
+    assert!(
+        line["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("connection refused")),
+        "{line}"
+    );
+    relay.stop(Duration::from_secs(10)).await;
+    // stop() removed the log: the line read above is all there was to check for a password.
+    assert!(!line.to_string().contains(PASSWORD), "{line}");
+    app.teardown().await;
+}
+outbox_tests::per_backend!(a_host_of_a_database_url_passed_over_is_named: postgres, mariadb);

@@ -1,5 +1,6 @@
 //! `dead list` and `dead requeue` through the binary: topic patterns, `--room`,
-//! `--older-than`, `--dry-run`, unknown event ids, `--limit 0`, the header row.
+//! `--older-than`, `--dry-run`, unknown event ids, `--limit 0` and a list `--limit` cut
+//! saying so on stderr, the header row.
 
 use outbox_tests::output::{stderr, stdout, succeeded};
 use outbox_tests::{event, per_backend, Backend, TestApp, TestEvent};
@@ -75,6 +76,41 @@ async fn dead_events_are_selected_by_pattern_room_and_age(backend: Backend) {
     assert_eq!(list(&["--older-than", "1h"]), ["x1"]);
     assert_eq!(list(&["--limit", "0"]), ["o1", "o2", "o3", "x1"]);
     assert_eq!(list(&["--limit", "1"]), ["o1"]);
+
+    // A list cut by --limit says so on stderr, stdout staying the listing alone.
+    let cut_note = |args: &[&str]| {
+        let output = binary(&[&["dead", "list"], args].concat());
+        succeeded(&args.join(" "), &output);
+        let notes: Vec<String> = stderr(&output)
+            .lines()
+            .filter(|line| line.contains("dead events; --limit N for more"))
+            .map(str::to_owned)
+            .collect();
+        (stdout(&output), notes)
+    };
+    let outbox = &app.config.outboxes[0].name;
+    let (json_out, notes) = cut_note(&["--json", "--limit", "1"]);
+    assert_eq!(listed(&json_out), ["o1"], "JSON lines only on stdout");
+    assert_eq!(
+        notes,
+        [format!(
+            "outbox {outbox}: showing the first 1 of 4 dead events; --limit N for more, \
+             --limit 0 for every one"
+        )]
+    );
+    let (text, notes) = cut_note(&["--limit", "2", "--event-type", "order.#"]);
+    assert_eq!(text.lines().count(), 3, "a header and two events: {text}");
+    assert!(
+        notes.len() == 1 && notes[0].contains("the first 2 of 3 dead events"),
+        "a pattern's matches counted: {notes:?}"
+    );
+    for whole in [&["--limit", "4"][..], &["--limit", "0"], &[]] {
+        assert_eq!(
+            cut_note(whole).1,
+            Vec::<String>::new(),
+            "{whole:?}: nothing cut"
+        );
+    }
 
     // A dry run lists what it would requeue and changes nothing.
     let dry = ok(&["dead", "requeue", "--event-type", "order.*", "--dry-run"]);

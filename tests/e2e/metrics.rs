@@ -199,6 +199,20 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
             "{dependency} up while relaying:\n{text}"
         );
     }
+    // The database server of the failover counter: `host:port`, no URL, no user; and no
+    // URL anywhere in the text (README: the endpoint serves none).
+    let database_url = url::Url::parse(&app.database.url).expect("the test's database URL");
+    let server = format!(
+        "server=\"{}:{}\"",
+        database_url.host_str().expect("a host"),
+        database_url.port().unwrap_or(5432)
+    );
+    assert_eq!(
+        sample(&text, "outbox_database_failovers_total", &server),
+        Some(0.0),
+        "outbox_database_failovers_total{{{server}}} present from the start at 0:\n{text}"
+    );
+    assert!(!text.contains("://"), "no URL on /metrics:\n{text}");
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")

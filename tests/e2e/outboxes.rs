@@ -1,7 +1,8 @@
 //! Existing tables and several outboxes through the real binary: a Debezium-shaped table
 //! planned (`migrate --dry-run`), adopted (`migrate`) and relayed (`run`); two outboxes in
 //! one process, one stuck and one draining; bad mappings refused with exit code 2; the
-//! original worker's table taken over without sending its published rows again.
+//! original worker's table taken over without sending its published rows again; on a new
+//! table, `migrate` applying exactly the steps its dry run lists.
 
 use outbox_cli::settings::{OutboxColumnsSettings, OutboxSettings, Settings};
 use outbox_store::{insert_events, NewEvent, OutboxRow, TableName};
@@ -760,3 +761,61 @@ async fn the_original_workers_table_sends_only_what_it_had_not_sent(backend: Bac
 }
 
 per_backend!(the_original_workers_table_sends_only_what_it_had_not_sent: postgres, mariadb, sqlite);
+
+/// The step names of `migrate --dry-run`'s output: each `-- name` line followed by its
+/// `-- locks:` line (a statement may be a comment too).
+fn planned_steps(plan: &str) -> Vec<String> {
+    let lines: Vec<&str> = plan.lines().collect();
+    lines
+        .windows(2)
+        .filter(|pair| pair[1].starts_with("-- locks: "))
+        .filter_map(|pair| pair[0].strip_prefix("-- ").map(str::to_owned))
+        .collect()
+}
+
+/// On a table that does not exist yet, `migrate --dry-run` lists exactly the steps
+/// `migrate` then applies, and `migrate` creates no index twice: no server notice that one
+/// exists already.
+async fn migrate_applies_the_steps_its_dry_run_lists_on_a_new_table(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let table = TableName::parse(&unique_name("e2e_new")).expect("a table name");
+    let mut settings = database.binary_settings();
+    settings.database.table = table.as_str().to_owned();
+    settings.log.format = "json".into();
+
+    let output = run_binary(crate::RELAY, &settings, &["migrate", "--dry-run"]);
+    let plan = succeeded("migrate --dry-run", &output);
+    let planned = planned_steps(&plan);
+    assert!(
+        plan.contains(&format!("{} step(s) would run:", planned.len())),
+        "the count is the steps listed:\n{plan}"
+    );
+    assert!(!planned.is_empty(), "{plan}");
+
+    let output = run_binary(crate::RELAY, &settings, &["migrate"]);
+    let migrated = succeeded("migrate", &output);
+    let suffix = format!(" to table {table}");
+    let applied: Vec<String> = migrated
+        .lines()
+        .filter_map(|line| line.strip_prefix("applied ")?.strip_suffix(suffix.as_str()))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(applied, planned, "migrate:\n{migrated}\n--dry-run:\n{plan}");
+    let log = stderr(&output);
+    for notice in ["already exists", "skipping"] {
+        assert!(
+            !log.contains(notice),
+            "a server notice ({notice:?}):\n{log}"
+        );
+    }
+
+    let again = succeeded(
+        "migrate --dry-run, after",
+        &run_binary(crate::RELAY, &settings, &["migrate", "--dry-run"]),
+    );
+    assert!(again.contains("nothing to do"), "{again}");
+    database.drop_outbox(&table).await;
+    database.drop_table().await;
+}
+
+per_backend!(migrate_applies_the_steps_its_dry_run_lists_on_a_new_table: postgres, mariadb, sqlite);

@@ -1,6 +1,7 @@
 //! Promises of the README no other module keeps: `RUST_LOG` over `log.level`, `dead requeue`
-//! logging who requeued, the `node_id` default, `amqp.content_type`, the demo and its
-//! "duplicates 0", one-shot commands failing at once where nothing listens.
+//! logging who requeued what (one field per option), the `node_id` default,
+//! `amqp.content_type`, the demo and its "duplicates 0", one-shot commands failing at once
+//! where nothing listens.
 
 use outbox_tests::output::{stderr, stdout};
 use outbox_tests::{
@@ -11,13 +12,24 @@ use std::time::{Duration, Instant};
 
 /// `dead requeue --all` with `log.level` and `RUST_LOG` (unset when `None`): its stderr.
 fn requeue_logging(app: &TestApp, level: &str, rust_log: Option<&str>) -> String {
+    requeue_logging_by(app, level, rust_log, &["--all"])
+}
+
+/// `dead requeue` selecting by `selection`, as [`requeue_logging`].
+fn requeue_logging_by(
+    app: &TestApp,
+    level: &str,
+    rust_log: Option<&str>,
+    selection: &[&str],
+) -> String {
     let settings = app.settings_with(|settings| {
         settings.log.level = level.into();
         settings.log.format = "json".into();
     });
     let mut command = std::process::Command::new(crate::RELAY);
     command
-        .args(["--config", "/dev/null", "dead", "requeue", "--all"])
+        .args(["--config", "/dev/null", "dead", "requeue"])
+        .args(selection)
         .envs(settings_env(&settings))
         .env_remove("RUST_LOG");
     if let Some(filter) = rust_log {
@@ -61,7 +73,37 @@ async fn rust_log_wins_over_log_level_and_dead_requeue_logs_who_requeued() {
         line["by"].as_str().is_some_and(|by| !by.is_empty()),
         "names who requeued: {line}"
     );
+    // The selection as plain fields, not a Rust value printed for debugging.
+    assert_eq!(line["all"], true, "{line}");
+    assert!(line.get("selection").is_none(), "{line}");
+    assert!(!line.to_string().contains("DeadFilter"), "{line}");
     assert_eq!(app.database.row("d1").await.status, "pending");
+
+    // Dead, and created an hour ago (for --older-than).
+    let an_hour_ago = app.database.minutes_ago(60);
+    app.database
+        .execute(&format!(
+            "UPDATE {{t}} SET status = 'dead', created_at = {an_hour_ago}"
+        ))
+        .await;
+    let by_filters = requeue_logging_by(
+        &app,
+        "info",
+        None,
+        &["--event-id", "d1", "--key", "r", "--older-than", "1s"],
+    );
+    let lines = requeued_lines(&by_filters);
+    assert_eq!(lines.len(), 1, "{by_filters}");
+    let line = &lines[0];
+    assert_eq!(line["event_ids"], "d1", "{line}");
+    assert_eq!(line["key"], "r", "{line}");
+    assert_eq!(line["older_than"], "1s", "{line}");
+    assert!(line["created_before"].as_str().is_some(), "{line}");
+    assert_eq!(line["all"], false, "{line}");
+    assert!(
+        line.get("event_type").is_none(),
+        "not given, left out: {line}"
+    );
     app.teardown().await;
 }
 

@@ -222,7 +222,8 @@ pub enum DeadCommand {
         /// event_type, room_id, retry_count, last_error, created_at, outbox).
         #[arg(long)]
         json: bool,
-        /// At most this many events per outbox, oldest first; 0: every one.
+        /// At most this many events per outbox, oldest first; 0: every one. When an
+        /// outbox has more, a line on stderr says how many it has.
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: u64,
         /// The filters.

@@ -130,13 +130,14 @@ pub fn password_setting(
     match (password.is_empty(), password_file.trim()) {
         (true, "") => Ok(None),
         (false, "") => Ok(Some(password.to_owned())),
-        (false, file) => Err(ConfigError::Invalid {
-            key: file_key,
-            value: file.to_owned(),
-            accepted: format!(
-                "either {} or {}, not both (both are set)",
-                keys.password, keys.file
-            ),
+        // Which variable set which key is known only where the layers are read
+        // (`settings::load`), which names them.
+        (false, file) => Err(ConfigError::PasswordTwice {
+            password: keys.password.clone(),
+            password_from: None,
+            file: file_key,
+            file_from: None,
+            path: file.to_owned(),
         }),
         (true, file) => {
             let text = std::fs::read_to_string(file).map_err(|error| ConfigError::Invalid {

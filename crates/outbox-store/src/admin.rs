@@ -143,6 +143,30 @@ impl SeaOrmStore {
         Ok(found)
     }
 
+    /// How many dead events match `filter`: what `dead list` says it left out when its
+    /// limit cut the list. One `COUNT(*)`, except for a topic pattern, whose rows are read
+    /// and matched here as [`SeaOrmStore::dead_events`] does.
+    pub async fn count_dead(&self, filter: &DeadFilter) -> Result<u64, Error> {
+        if filter.type_pattern().is_some() {
+            let events = self.dead_events(filter, None).await?;
+            return Ok(u64::try_from(events.len()).unwrap_or(u64::MAX));
+        }
+        let t = self.table();
+        let mut params = Params::new(self.dialect());
+        let conditions = filter.conditions(&mut params, self.reads(), self.dialect());
+        let row = self
+            .connection()
+            .query_one(params.statement(format!(
+                "SELECT COUNT(*) AS n FROM {t} WHERE status = {DEAD}{conditions}"
+            )))
+            .await?;
+        let n: i64 = match row {
+            Some(row) => row.try_get("", "n")?,
+            None => 0,
+        };
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// Up to `size` dead events that the database's conditions of `filter` select, after
     /// position `after`, oldest first.
     async fn dead_page(

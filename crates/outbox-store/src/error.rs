@@ -105,6 +105,12 @@ pub fn describe(error: &DbErr) -> String {
         DbErr::ConnectionAcquire(ConnAcquireErr::Timeout) => &Sqlx::PoolTimedOut,
         other => return other.to_string(),
     };
+    describe_sqlx(sqlx)
+}
+
+/// [`describe`] for the driver's own error.
+pub(crate) fn describe_sqlx(sqlx: &sea_orm::sqlx::Error) -> String {
+    use sea_orm::sqlx::Error as Sqlx;
     match sqlx {
         Sqlx::Io(error) => io_reason(error),
         Sqlx::Database(error) => match error.code() {

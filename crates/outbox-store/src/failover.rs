@@ -33,8 +33,9 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
-/// Counter, label `server` (the pool's server, without its password): switches away from
-/// a server that answered read-only or in recovery.
+/// Counter, label `server` (the server's `host:port`, or its socket's path: no URL, no
+/// user, no password): switches away from a server that answered read-only or in
+/// recovery.
 pub const FAILOVERS: &str = "outbox_database_failovers_total";
 
 /// A boxed future as sqlx's pool hooks return it.
@@ -43,8 +44,9 @@ pub(crate) type Hook<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>
 /// The switch state of one pool's server.
 #[derive(Debug)]
 pub(crate) struct Failover {
-    /// `postgres://user@host:port/db` of the current host: no password, for logs.
-    server: Mutex<String>,
+    /// The current host: `postgres://user@host:port/db` (no password) for logs, and
+    /// `host:port` for the metric's label.
+    server: Mutex<Host>,
     /// The pool's hosts as single-host URLs, in the configured order (one for a plain
     /// URL). May hold a password: never logged.
     pub(crate) hosts: Vec<String>,
@@ -61,7 +63,31 @@ pub(crate) struct Failover {
     /// Why the last new connection was refused (the server takes no writes), until one
     /// is accepted: what a start that times out reports instead of a bare timeout.
     refused: Mutex<Option<ReadOnlyServer>>,
-    failovers: metrics::Counter,
+}
+
+/// A database server as the logs and the metrics name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Host {
+    /// `scheme://user@host:port/database`, without the password: for log lines.
+    pub(crate) url: String,
+    /// `host:port` (or the socket's path): the [`FAILOVERS`] label, which names no user
+    /// and is no URL (`/metrics` serves no secret and no URL).
+    pub(crate) address: String,
+}
+
+impl Host {
+    /// The server `options` connect to.
+    pub(crate) fn of<DB: Server>(options: &<DB::Connection as sqlx::Connection>::Options) -> Self {
+        Self {
+            url: DB::describe(options),
+            address: DB::address(options),
+        }
+    }
+
+    /// Its [`FAILOVERS`] counter, registered (at 0) if new.
+    fn failovers(&self) -> metrics::Counter {
+        metrics::counter!(FAILOVERS, "server" => self.address.clone())
+    }
 }
 
 /// The pools' failover states by pool (the address of its options, which live as long as
@@ -79,15 +105,16 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Failover {
     /// The state of a pool on `hosts` (single-host URLs), starting on `hosts[current]`,
-    /// described as `server`; [`Failover::register`] it once the pool is open.
+    /// which is `server`; [`Failover::register`] it once the pool is open.
     pub(crate) fn new(
-        server: String,
+        server: Host,
         hosts: Vec<String>,
         current: usize,
         log_statements: bool,
     ) -> Arc<Self> {
+        // The series is there from the start, at 0: a rate over it sees the first switch.
+        let _ = server.failovers();
         Arc::new(Self {
-            failovers: metrics::counter!(FAILOVERS, "server" => server.clone()),
             server: Mutex::new(server),
             hosts,
             current: AtomicUsize::new(current),
@@ -120,15 +147,16 @@ impl Failover {
         lock(&POOLS).get(&key).and_then(Weak::upgrade)
     }
 
-    /// The current host, without its password.
+    /// The current host as log lines name it (a URL without its password).
     pub(crate) fn server(&self) -> String {
-        lock(&self.server).clone()
+        lock(&self.server).url.clone()
     }
 
-    /// New connections go to host `index`, described as `server`, from now on; those
-    /// opened so far are retired.
-    pub(crate) fn moved_to(&self, index: usize, server: String) {
+    /// New connections go to host `index`, which is `server`, from now on; those opened
+    /// so far are retired.
+    pub(crate) fn moved_to(&self, index: usize, server: Host) {
         self.current.store(index, Ordering::Relaxed);
+        let _ = server.failovers();
         *lock(&self.server) = server;
         *lock(&self.switched_at) = Some(Instant::now());
     }
@@ -174,7 +202,9 @@ impl Failover {
     /// writable connection is opened again.
     fn read_only_seen(&self, answer: &str) {
         if !self.read_only.swap(true, Ordering::Relaxed) {
-            self.failovers.increment(1);
+            // Counted for the server that answered: the current one.
+            let server = lock(&self.server).clone();
+            server.failovers().increment(1);
             warn!(
                 server = %self.server(),
                 %answer,
@@ -280,6 +310,10 @@ pub(crate) trait Server: sqlx::Database {
     /// The server `options` connect to, without the password.
     fn describe(options: &<Self::Connection as sqlx::Connection>::Options) -> String;
 
+    /// The server `options` connect to as `host:port` (or its socket's path): no user, no
+    /// password, no URL.
+    fn address(options: &<Self::Connection as sqlx::Connection>::Options) -> String;
+
     /// `Some(refusal)` when the server of `connection` takes no writes.
     fn read_only(connection: &mut Self::Connection) -> Hook<'_, Option<ReadOnlyServer>>;
 }
@@ -299,6 +333,16 @@ fn server_url(
     }
 }
 
+/// `host:port`, or the socket's path: a server as the metrics name it.
+fn address(socket: Option<&std::path::Path>, (host, port): (&str, u16)) -> String {
+    match socket {
+        Some(socket) => socket.display().to_string(),
+        // An IPv6 address in brackets, as in a URL, so that the port stands apart.
+        None if host.contains(':') && !host.starts_with('[') => format!("[{host}]:{port}"),
+        None => format!("{host}:{port}"),
+    }
+}
+
 /// PostgreSQL.
 pub(crate) type Postgres = sqlx::Postgres;
 /// MySQL and MariaDB.
@@ -312,6 +356,13 @@ impl Server for Postgres {
             options.get_socket().map(|socket| socket.as_path()),
             (options.get_host(), options.get_port()),
             options.get_database().unwrap_or_default(),
+        )
+    }
+
+    fn address(options: &PgConnectOptions) -> String {
+        address(
+            options.get_socket().map(|socket| socket.as_path()),
+            (options.get_host(), options.get_port()),
         )
     }
 
@@ -348,6 +399,13 @@ impl Server for MySql {
         )
     }
 
+    fn address(options: &MySqlConnectOptions) -> String {
+        address(
+            options.get_socket().map(|socket| socket.as_path()),
+            (options.get_host(), options.get_port()),
+        )
+    }
+
     fn read_only(connection: &mut sqlx::MySqlConnection) -> Hook<'_, Option<ReadOnlyServer>> {
         Box::pin(async move {
             // As text: an integer on MySQL and MariaDB 10, an enum (OFF, ON, NO_LOCK, …) on
@@ -377,8 +435,15 @@ impl Server for MySql {
 mod tests {
     use super::*;
 
+    fn host(name: &str) -> Host {
+        Host {
+            url: format!("postgres://relay@{name}:5432/app"),
+            address: format!("{name}:5432"),
+        }
+    }
+
     fn state() -> Arc<Failover> {
-        Failover::new("postgres://relay@db:5432/app".into(), Vec::new(), 0, false)
+        Failover::new(host("db"), Vec::new(), 0, false)
     }
 
     #[test]
@@ -393,7 +458,7 @@ mod tests {
     #[test]
     fn a_move_retires_every_connection_and_names_the_new_host() {
         let failover = state();
-        failover.moved_to(1, "postgres://relay@db-2:5432/app".into());
+        failover.moved_to(1, host("db-2"));
         assert_eq!(failover.current.load(Ordering::Relaxed), 1);
         assert_eq!(failover.server(), "postgres://relay@db-2:5432/app");
         assert!(failover.stale(Duration::from_millis(100)));
@@ -415,5 +480,34 @@ mod tests {
         );
         let other = DbErr::Conn(RuntimeErr::SqlxError(sqlx::Error::PoolTimedOut));
         assert_eq!(read_only_answer(&other), None);
+    }
+
+    #[test]
+    fn the_metric_names_a_server_by_host_and_port_without_user_or_url() {
+        for (url, expected) in [
+            ("postgres://relay:s3cret@db-1:6432/rooms", "db-1:6432"),
+            ("postgres://relay@10.0.0.5/rooms", "10.0.0.5:5432"),
+            ("postgres://relay@[::1]:5433/rooms", "[::1]:5433"),
+            (
+                "postgres://relay@%2Fvar%2Frun%2Fpostgresql/rooms",
+                "/var/run/postgresql",
+            ),
+        ] {
+            let options: PgConnectOptions = url.parse().expect("a URL");
+            let label = Postgres::address(&options);
+            assert_eq!(label, expected, "{url}");
+            assert!(
+                !label.contains("relay") && !label.contains("://"),
+                "{label}"
+            );
+        }
+        let options: MySqlConnectOptions = "mysql://app:pw@maria:3307/x".parse().expect("a URL");
+        assert_eq!(MySql::address(&options), "maria:3307");
+        let described = Host::of::<Postgres>(&"postgres://relay:pw@db:5432/app".parse().unwrap());
+        assert_eq!(
+            described.url, "postgres://relay@db:5432/app",
+            "logs keep the user"
+        );
+        assert_eq!(described.address, "db:5432");
     }
 }

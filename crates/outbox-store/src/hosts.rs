@@ -5,7 +5,7 @@
 //! `targetServerType=primary`, always), and searches again, in the same order, when its
 //! host fails or answers read-only. The same for MySQL/MariaDB URLs.
 
-use crate::failover::{Failover, Server};
+use crate::failover::{Failover, Host, ReadOnlyServer, Server};
 use sea_orm::sqlx::{self, ConnectOptions as _};
 use sea_orm::{DatabaseConnection, DbErr, RuntimeErr};
 use std::sync::atomic::Ordering;
@@ -82,29 +82,139 @@ pub(crate) fn options<DB: Server>(
 
 /// The first of `hosts` that answers and takes writes: its index and connect options;
 /// else the last host's failure (a [`crate::failover::ReadOnlyServer`] when it answered
-/// read-only).
+/// read-only). With `warn_passed_over`, each host passed over for the next is logged
+/// (`warn`): its `host:port` and why, never the URL's password.
 pub(crate) async fn first_writable<DB: Server>(
     hosts: &[String],
     log_statements: bool,
+    warn_passed_over: bool,
 ) -> Result<(usize, <DB::Connection as sqlx::Connection>::Options), sqlx::Error> {
     let mut failure = sqlx::Error::PoolTimedOut;
     for (index, host) in hosts.iter().enumerate() {
-        let options = options::<DB>(host, log_statements)?;
-        let answer = tokio::time::timeout(HOST_TIMEOUT, async {
-            let mut connection = options.connect().await?;
-            let read_only = DB::read_only(&mut connection).await;
-            let _ = sqlx::Connection::close(connection).await;
-            read_only
-        })
-        .await;
-        match answer {
-            Ok(Ok(None)) => return Ok((index, options)),
-            Ok(Ok(Some(refusal))) => failure = sqlx::Error::Database(Box::new(refusal)),
-            Ok(Err(error)) => failure = error,
-            Err(_) => failure = sqlx::Error::PoolTimedOut,
+        let connect = options::<DB>(host, log_statements)?;
+        let error = match try_host::<DB>(&connect).await {
+            Ok(()) => return Ok((index, connect)),
+            Err(error) => error,
+        };
+        if warn_passed_over && index + 1 < hosts.len() {
+            let next = options::<DB>(&hosts[index + 1], log_statements)
+                .map(|next| DB::address(&next))
+                .unwrap_or_default();
+            warn!(
+                host = %DB::address(&connect),
+                reason = %reason(&error),
+                next = %next,
+                hosts = hosts.len(),
+                "a database host of the URL is passed over: it cannot be reached or takes no \
+                 writes; trying the next"
+            );
         }
+        failure = error;
     }
     Err(failure)
+}
+
+/// One connection to the host of `options`, closed again: `Ok` when it takes writes; a
+/// [`ReadOnlyServer`] when it answered but takes none; a host that does not answer within
+/// [`HOST_TIMEOUT`] fails as `PoolTimedOut`.
+async fn try_host<DB: Server>(
+    options: &<DB::Connection as sqlx::Connection>::Options,
+) -> Result<(), sqlx::Error> {
+    let answer = tokio::time::timeout(HOST_TIMEOUT, async {
+        let mut connection = options.connect().await?;
+        let read_only = DB::read_only(&mut connection).await;
+        let _ = sqlx::Connection::close(connection).await;
+        read_only
+    })
+    .await;
+    match answer {
+        Ok(Ok(None)) => Ok(()),
+        Ok(Ok(Some(refusal))) => Err(sqlx::Error::Database(Box::new(refusal))),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(sqlx::Error::PoolTimedOut),
+    }
+}
+
+/// Why a host failed [`try_host`], in a few words ([`crate::error::describe`]).
+fn reason(error: &sqlx::Error) -> String {
+    match error {
+        // Its own words; "(code 25006)" would suggest the server said so to a statement.
+        sqlx::Error::Database(refusal)
+            if refusal.try_downcast_ref::<ReadOnlyServer>().is_some() =>
+        {
+            refusal.message().to_owned()
+        }
+        error => crate::error::describe_sqlx(error),
+    }
+}
+
+/// What one host of a database URL answered ([`check_each`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostAnswer {
+    /// `host:port` (or a socket's path): no user, no password.
+    pub host: String,
+    /// Why `run` would pass it over (it cannot be reached, or takes no writes); `None`
+    /// when it takes writes.
+    pub problem: Option<HostProblem>,
+}
+
+/// Why a host of a database URL is passed over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostProblem {
+    /// It answered, but takes no writes (a standby, a read-only replica): `run` moves to
+    /// it once a failover makes it writable.
+    ReadOnly(String),
+    /// It could not be reached or refused the connection.
+    Unusable(String),
+}
+
+/// Each host of `url` asked as the pool would ask it: connected to, and whether it takes
+/// writes (`check-config`). Empty for a URL naming one host, or no PostgreSQL or MySQL
+/// URL.
+pub async fn check_each(url: &str) -> Vec<HostAnswer> {
+    let hosts = split(url);
+    if hosts.len() < 2 {
+        return Vec::new();
+    }
+    let mut answers = Vec::new();
+    for host in hosts {
+        let host = crate::connection_url(&host);
+        let answer = if host.starts_with("postgres") {
+            check_host::<sqlx::Postgres>(&host).await
+        } else if host.starts_with("mysql") {
+            check_host::<sqlx::MySql>(&host).await
+        } else {
+            return Vec::new();
+        };
+        answers.push(answer);
+    }
+    answers
+}
+
+/// [`check_each`] for one single-host URL.
+async fn check_host<DB: Server>(url: &str) -> HostAnswer {
+    let options = match options::<DB>(url, false) {
+        Ok(options) => options,
+        Err(error) => {
+            return HostAnswer {
+                host: "(unparsable)".into(),
+                problem: Some(HostProblem::Unusable(crate::error::describe_sqlx(&error))),
+            }
+        }
+    };
+    let problem = match try_host::<DB>(&options).await {
+        Ok(()) => None,
+        Err(sqlx::Error::Database(error))
+            if error.try_downcast_ref::<ReadOnlyServer>().is_some() =>
+        {
+            Some(HostProblem::ReadOnly(error.message().to_owned()))
+        }
+        Err(error) => Some(HostProblem::Unusable(reason(&error))),
+    };
+    HostAnswer {
+        host: DB::address(&options),
+        problem,
+    }
 }
 
 /// `error` says the server is gone or going rather than that the statement failed: the
@@ -178,13 +288,15 @@ impl Failover {
 
 /// One look for a writable host, the `attempt`th of a search; true when one was found.
 async fn search<DB: Server>(failover: &Failover, pool: &sqlx::Pool<DB>, attempt: u32) -> bool {
-    match first_writable::<DB>(&failover.hosts, failover.log_statements).await {
+    // The hosts passed over are named once per search, at its first look.
+    let warn = attempt == 0;
+    match first_writable::<DB>(&failover.hosts, failover.log_statements, warn).await {
         Ok((index, _)) if index == failover.current.load(Ordering::Relaxed) => true,
         Ok((index, options)) => {
-            let server = DB::describe(&options);
+            let server = Host::of::<DB>(&options);
             info!(
                 from = %failover.server(),
-                to = %server,
+                to = %server.url,
                 "the database pool connects to another host, the first that takes writes"
             );
             pool.set_connect_options(options);

@@ -13,7 +13,7 @@
 //! server takes no writes, and one opened before a read-only answer is closed at its next
 //! acquire instead of being used.
 
-use crate::failover::{Failover, Server};
+use crate::failover::{Failover, Host, Server};
 use sea_orm::sqlx::{self, ConnectOptions as _, Connection as _};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr, RuntimeErr};
 
@@ -43,7 +43,7 @@ async fn shrinking<DB: Server>(
     let log_statements = options.get_sqlx_logging();
     let (current, connect) = match hosts.len() {
         // Several hosts: start on the first that takes writes.
-        2.. => crate::hosts::first_writable::<DB>(&hosts, log_statements)
+        2.. => crate::hosts::first_writable::<DB>(&hosts, log_statements, true)
             .await
             .map_err(refused)?,
         _ => (
@@ -55,7 +55,7 @@ async fn shrinking<DB: Server>(
         // Several hosts were each connected to by the search above.
         probe::<DB>(&connect, options.get_connect_timeout()).await?;
     }
-    let failover = Failover::new(DB::describe(&connect), hosts, current, log_statements);
+    let failover = Failover::new(Host::of::<DB>(&connect), hosts, current, log_statements);
     let (checked, fresh) = (failover.clone(), failover.clone());
     let pool = options
         .sqlx_pool_options::<DB>()

@@ -50,8 +50,9 @@ fn url_setting(config: &Config, index: usize) -> String {
 /// and the mapping; returns the refusals (each naming the outbox, the setting and the
 /// reason). A database that cannot be reached is a warning, not a refusal (it may be
 /// reachable only from where the relay runs, or not up yet); a missing table is a note
-/// when `database.migrate_on_start` is on (`run` creates it), else a warning. A SQLite
-/// file that does not exist yet is not created.
+/// when `database.migrate_on_start` is on (`run` creates it), else a warning. A URL that
+/// lists several hosts has each of them asked and named ([`check_hosts`]). A SQLite file
+/// that does not exist yet is not created.
 pub async fn check_tables(config: &Config) -> anyhow::Result<Vec<String>> {
     let mut problems = Vec::new();
     for (index, outbox) in config.outboxes.iter().enumerate() {
@@ -62,6 +63,7 @@ pub async fn check_tables(config: &Config) -> anyhow::Result<Vec<String>> {
             say!("# note: outbox {name}: database file of {url} does not exist yet; not checked")?;
             continue;
         }
+        check_hosts(name, &setting, &outbox.database_url).await?;
         let db = match outbox_store::connect(&outbox.database_url, 1).await {
             Ok(db) => db,
             Err(error) => {
@@ -89,6 +91,28 @@ pub async fn check_tables(config: &Config) -> anyhow::Result<Vec<String>> {
         checked?;
     }
     Ok(problems)
+}
+
+/// A URL naming several hosts: what each answered, as `run` asks them (the first that
+/// takes writes is used, the others passed over), so that a host that cannot be reached
+/// is named before a failover needs it. Nothing for a URL of one host.
+async fn check_hosts(name: &str, setting: &str, url: &str) -> anyhow::Result<()> {
+    use outbox_store::hosts::HostProblem;
+    for answer in outbox_store::hosts::check_each(url).await {
+        let host = &answer.host;
+        match &answer.problem {
+            None => say!("# outbox {name}: {setting} host {host} takes writes")?,
+            Some(HostProblem::ReadOnly(why)) => say!(
+                "# note: outbox {name}: {setting} host {host} takes no writes ({why}); `run` \
+                 passes it over until a failover makes it writable"
+            )?,
+            Some(HostProblem::Unusable(why)) => say!(
+                "# warning: outbox {name}: {setting} host {host} cannot be used: {why}; `run` \
+                 passes it over"
+            )?,
+        }
+    }
+    Ok(())
 }
 
 /// One outbox's table on its open database: privileges first (a role that may not read

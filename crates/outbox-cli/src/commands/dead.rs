@@ -29,8 +29,19 @@ pub async fn dead(config: Config, command: DeadCommand) -> anyhow::Result<()> {
             let limit = (limit > 0).then_some(limit);
             let mut listing = Listing::new(json);
             for OpenOutbox { config, store } in &outboxes {
-                let events = store.dead_events(&filter, limit).await?;
+                // One more than the limit: whether the limit cut the list.
+                let mut events = store.dead_events(&filter, limit.map(|n| n + 1)).await?;
+                let cut = limit.filter(|&n| events.len() as u64 > n);
+                if let Some(n) = cut {
+                    events.truncate(usize::try_from(n).unwrap_or(usize::MAX));
+                }
                 listing.show(&config.name, &events)?;
+                if let Some(n) = cut {
+                    // Counted after the listing: never fewer than it found.
+                    let total = store.count_dead(&filter).await?.max(n + 1);
+                    // On stderr: stdout stays the listing alone (TSV or JSON lines).
+                    note(&cut_note(&config.name, n, total));
+                }
             }
             if !json && listing.shown == 0 {
                 say!("no dead events")?;
@@ -39,12 +50,32 @@ pub async fn dead(config: Config, command: DeadCommand) -> anyhow::Result<()> {
         DeadCommand::Requeue {
             event_ids,
             filters,
-            all: _,
+            all,
             dry_run,
             outbox: _,
-        } => requeue(&outboxes, filter(event_ids, filters), dry_run).await?,
+        } => {
+            let older_than = filters.older_than;
+            let filter = filter(event_ids, filters);
+            let audit = Audit::of(&filter, older_than, all);
+            requeue(&outboxes, filter, &audit, dry_run).await?
+        }
     }
     Ok(())
+}
+
+/// What `dead list` says when `--limit` cut an outbox's list.
+fn cut_note(outbox: &str, shown: u64, total: u64) -> String {
+    format!(
+        "outbox {outbox}: showing the first {shown} of {total} dead events; --limit N for \
+         more, --limit 0 for every one"
+    )
+}
+
+/// One line on standard error, for the reader rather than for a program reading stdout.
+/// A failed write is no reason to fail the command.
+fn note(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// The store's filter for the command line's selection (`--all`: none).
@@ -66,9 +97,49 @@ fn filter(event_ids: Vec<String>, filters: DeadFilters) -> DeadFilter {
     }
 }
 
+/// The selection of `dead requeue` as its audit line carries it: one plain field per
+/// option given (an option not given is left out), for a person and a log tool alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Audit {
+    /// `--event-id`s, comma-separated.
+    event_ids: Option<String>,
+    /// `--key` (or `--room`).
+    key: Option<String>,
+    /// `--event-type`, an exact type or a topic pattern.
+    event_type: Option<String>,
+    /// `--older-than`, as a duration ("12h").
+    older_than: Option<String>,
+    /// The creation time `--older-than` came to (RFC 3339): the bound the rows were
+    /// selected by.
+    created_before: Option<String>,
+    /// `--all`.
+    all: bool,
+}
+
+impl Audit {
+    fn of(filter: &DeadFilter, older_than: Option<std::time::Duration>, all: bool) -> Self {
+        Self {
+            event_ids: (!filter.event_ids.is_empty()).then(|| filter.event_ids.join(",")),
+            key: filter.room.clone(),
+            event_type: filter.event_type.clone(),
+            older_than: older_than.map(|age| humantime::format_duration(age).to_string()),
+            created_before: filter
+                .created_before
+                .map(|bound| bound.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            all,
+        }
+    }
+}
+
 /// `dead requeue`: requeues (or with `dry_run` lists) the selected dead events in each
-/// outbox; an error naming the `--event-id`s that selected nothing.
-async fn requeue(outboxes: &[OpenOutbox], filter: DeadFilter, dry_run: bool) -> anyhow::Result<()> {
+/// outbox, logging each outbox's requeue with who asked and `audit`; an error naming the
+/// `--event-id`s that selected nothing.
+async fn requeue(
+    outboxes: &[OpenOutbox],
+    filter: DeadFilter,
+    audit: &Audit,
+    dry_run: bool,
+) -> anyhow::Result<()> {
     let who = super::operator();
     let mut listing = Listing::new(false);
     let mut found_ids = Vec::new();
@@ -87,7 +158,18 @@ async fn requeue(outboxes: &[OpenOutbox], filter: DeadFilter, dry_run: bool) -> 
             }
         }
         let here = store.requeue_dead(&filter).await?;
-        info!(outbox = %config.name, requeued = here, by = %who, selection = ?filter, "dead events requeued");
+        info!(
+            outbox = %config.name,
+            requeued = here,
+            by = %who,
+            event_ids = audit.event_ids.as_deref(),
+            key = audit.key.as_deref(),
+            event_type = audit.event_type.as_deref(),
+            older_than = audit.older_than.as_deref(),
+            created_before = audit.created_before.as_deref(),
+            all = audit.all,
+            "dead events requeued"
+        );
         requeued += here;
     }
     if dry_run {
@@ -164,5 +246,62 @@ impl Listing {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn filters(key: Option<&str>, older_than: Option<Duration>) -> DeadFilters {
+        DeadFilters {
+            event_type: Some("order.*".into()),
+            room: key.map(Into::into),
+            older_than,
+        }
+    }
+
+    #[test]
+    fn the_audit_carries_each_option_given_as_a_plain_field() {
+        let twelve_hours = Duration::from_secs(12 * 3600);
+        let ids = vec!["e1".to_owned(), "e2".to_owned()];
+        let selected = filter(ids, filters(Some("room-7"), Some(twelve_hours)));
+        let audit = Audit::of(&selected, Some(twelve_hours), false);
+        assert_eq!(audit.event_ids.as_deref(), Some("e1,e2"));
+        assert_eq!(audit.key.as_deref(), Some("room-7"));
+        assert_eq!(audit.event_type.as_deref(), Some("order.*"));
+        assert_eq!(audit.older_than.as_deref(), Some("12h"));
+        let bound = audit
+            .created_before
+            .expect("the bound --older-than came to");
+        assert!(
+            chrono::DateTime::parse_from_rfc3339(&bound).is_ok(),
+            "RFC 3339: {bound}"
+        );
+        assert!(!audit.all);
+
+        let everything = Audit::of(&DeadFilter::default(), None, true);
+        assert_eq!(
+            everything,
+            Audit {
+                event_ids: None,
+                key: None,
+                event_type: None,
+                older_than: None,
+                created_before: None,
+                all: true,
+            },
+            "options not given are left out"
+        );
+    }
+
+    #[test]
+    fn a_cut_list_says_how_many_the_outbox_has() {
+        assert_eq!(
+            cut_note("orders", 100, 153),
+            "outbox orders: showing the first 100 of 153 dead events; --limit N for more, \
+             --limit 0 for every one"
+        );
     }
 }

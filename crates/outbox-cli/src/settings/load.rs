@@ -254,25 +254,54 @@ fn from_origin(error: ConfigError, path: &[String], origins: &Origins) -> Config
     }
 }
 
-/// A validation error naming the variable when its key came from the environment.
+/// A validation error naming the variable when its key came from the environment (for a
+/// password given twice, the variable of each of its two keys).
 fn from_environment(error: ConfigError, origins: &Origins) -> ConfigError {
     let path = match &error {
+        ConfigError::PasswordTwice {
+            password,
+            file,
+            path,
+            ..
+        } => {
+            return ConfigError::PasswordTwice {
+                password_from: origins.variable(password).map(str::to_owned),
+                file_from: origins.variable(file).map(str::to_owned),
+                password: password.clone(),
+                file: file.clone(),
+                path: path.clone(),
+            }
+        }
         ConfigError::Invalid { key, .. } | ConfigError::Mistyped { key, .. } => {
             // `amqp.url[1]`: the variable set the whole list.
             key.split('[').next().unwrap_or_default().to_owned()
         }
         ConfigError::Outbox { outbox, problem } => {
-            // `outboxes[1] (orders)` and `database_url: …`.
-            let index = outbox
+            // `outboxes[1] (orders)` and `database_url: …`: the key the problem starts
+            // with, else another key it names that a variable set (`database_password and
+            // database_password_file = … are both set`, the file from the environment).
+            let Some(index) = outbox
                 .strip_prefix("outboxes[")
-                .and_then(|rest| rest.split(']').next());
-            let key: String = (problem.chars())
-                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
-                .collect();
-            match index {
-                Some(index) if !key.is_empty() => format!("outboxes.{index}.{key}"),
-                _ => return error,
-            }
+                .and_then(|rest| rest.split(']').next())
+            else {
+                return error;
+            };
+            let path = |key: &str| format!("outboxes.{index}.{key}");
+            let mut keys = problem
+                .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.')))
+                .filter(|word| !word.is_empty());
+            let Some(first) = problem
+                .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                .then(|| keys.next())
+                .flatten()
+            else {
+                return error;
+            };
+            std::iter::once(first)
+                .chain(keys.filter(|key| key.contains('_')))
+                .map(path)
+                .find(|path| origins.variable(path).is_some())
+                .unwrap_or_else(|| path(first))
         }
         _ => return error,
     };

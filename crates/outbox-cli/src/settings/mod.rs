@@ -73,6 +73,26 @@ pub enum ConfigError {
         /// The variable that gave the value.
         variable: String,
     },
+    /// A password given twice: by its key and by its file key. Each key that an
+    /// environment variable set is named with its variable.
+    #[error(
+        "{password}{} and {file} = {path:?}{} are both set: give the password in one of \
+         them, not both",
+        from_variable(.password_from),
+        from_variable(.file_from)
+    )]
+    PasswordTwice {
+        /// The password's key (`amqp.password`).
+        password: String,
+        /// The variable that set it, if one did.
+        password_from: Option<String>,
+        /// The file's key (`amqp.password_file`).
+        file: String,
+        /// The variable that set it, if one did.
+        file_from: Option<String>,
+        /// The file's path (never the password).
+        path: String,
+    },
     /// An outbox (an `[[outboxes]]` entry, or the mapping of `[database.columns]`) cannot
     /// be used.
     #[error("{outbox}: {problem}")]
@@ -82,4 +102,12 @@ pub enum ConfigError {
         /// What is wrong, starting with the key (`columns.key: …`).
         problem: String,
     },
+}
+
+/// ` (from environment variable NAME)` when `variable` is set, else nothing.
+fn from_variable(variable: &Option<String>) -> String {
+    variable
+        .as_deref()
+        .map(|variable| format!(" (from environment variable {variable})"))
+        .unwrap_or_default()
 }

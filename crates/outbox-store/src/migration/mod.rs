@@ -74,10 +74,13 @@ struct Migration {
     statements: fn(&Context<'_>) -> Result<Vec<String>, Error>,
 }
 
+/// The first migration: the table created, or an existing one adopted.
+const CREATE: &str = "m20261202_000001_create_room_outbox";
+
 /// Every migration, oldest first. Append; never edit one that has shipped.
 const MIGRATIONS: &[Migration] = &[
     Migration {
-        name: "m20261202_000001_create_room_outbox",
+        name: CREATE,
         statements: create_or_adopt,
     },
     Migration {
@@ -288,11 +291,11 @@ fn lock_note(name: &str, dialect: Dialect) -> &'static str {
     match (dialect, name) {
         (Dialect::Sqlite, _) => "the database's write lock, for the step's statements (milliseconds on a new table; adding created_at to an existing one rewrites each row)",
         (Dialect::Postgres, online::FINISH) => "no table lock that stops inserts: row locks of one batch of pages at a time (tens of milliseconds each), then each index built CONCURRENTLY (SHARE UPDATE EXCLUSIVE: inserts and updates go on; it waits for older transactions), then ENABLE TRIGGER if migrate disabled it (SHARE ROW EXCLUSIVE: milliseconds; at most 100 ms waiting for the lock, retried)",
-        (Dialect::Postgres, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ACCESS EXCLUSIVE on the table for catalogue changes only (no rewrite, no index build): milliseconds; it waits at most 100 ms for the lock (lock_timeout), then gives up and is retried",
+        (Dialect::Postgres, CREATE | ADD_MAPPED_COLUMNS) => "ACCESS EXCLUSIVE on the table for catalogue changes only (no rewrite, no index build): milliseconds; it waits at most 100 ms for the lock (lock_timeout), then gives up and is retried",
         (Dialect::Postgres, "m20261204_000008_drop_room_outbox_room_index") => "ACCESS EXCLUSIVE on the table for DROP INDEX: milliseconds once granted; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, "m20261202_000003_create_room_outbox_notify") => "SHARE ROW EXCLUSIVE on the table for CREATE TRIGGER (on a table being adopted, created disabled until the finishing step ends, so the producers' commits do not take turns at NOTIFY while the backfill and the index builds keep the disk busy): milliseconds; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, _) => "SHARE UPDATE EXCLUSIVE or none (inserts go on): milliseconds; at most 100 ms waiting for the lock, retried",
-        (Dialect::MySql, "m20261202_000001_create_room_outbox" | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds; each statement waits at most 1 s for the metadata lock behind a transaction open on the table (lock_wait_timeout; inserts queue behind it meanwhile), then gives up and is retried",
+        (Dialect::MySql, CREATE | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds; each statement waits at most 1 s for the metadata lock behind a transaction open on the table (lock_wait_timeout; inserts queue behind it meanwhile), then gives up and is retried",
         (Dialect::MySql, _) => "a metadata lock: milliseconds; at most 1 s waiting for it, retried",
     }
 }
@@ -560,12 +563,22 @@ async fn apply(
     for statement in (migration.statements)(&cx)? {
         txn.execute_unprepared(&statement).await?;
     }
-    let mut params = Params::new(dialect);
-    let name = params.bind(migration.name);
-    txn.execute(params.statement(format!(
-        "INSERT INTO {table}_migrations (name) VALUES ({name})"
-    )))
-    .await?;
+    let mut recorded = vec![migration.name];
+    // PostgreSQL: a table this step creates has every index already and no row to number,
+    // so the adoption's finishing step has nothing to do: recorded with the creation, not
+    // run (its `CREATE INDEX CONCURRENTLY IF NOT EXISTS` would meet each index just made).
+    // `plan` lists no finishing step for a table that does not exist either.
+    if dialect == Dialect::Postgres && migration.name == CREATE && shape.is_none() {
+        recorded.push(online::FINISH);
+    }
+    for name in recorded {
+        let mut params = Params::new(dialect);
+        let name = params.bind(name);
+        txn.execute(params.statement(format!(
+            "INSERT INTO {table}_migrations (name) VALUES ({name})"
+        )))
+        .await?;
+    }
     Ok(true)
 }
 

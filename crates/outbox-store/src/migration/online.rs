@@ -316,8 +316,11 @@ async fn with_lock_timeout(
 
 /// Runs the index build `statement` on a connection of its own under
 /// [`BACKFILL_FLUSH_AFTER`] too: its first scan of the table sets the hint bits of every
-/// row the backfill wrote, dirtying every page again. A session setting, put back after
-/// (`CONCURRENTLY` cannot run in a transaction, where `SET LOCAL` would end with it).
+/// row the backfill wrote, dirtying every page again. Hearing warnings and errors only, as
+/// the migration's transactions do: an index the table has already (a producer's, or one
+/// an earlier run built) is skipped with a NOTICE, which the driver would log. Session
+/// settings, put back after (`CONCURRENTLY` cannot run in a transaction, where `SET LOCAL`
+/// would end with it).
 async fn build_index(db: &DatabaseConnection, statement: &str) -> Result<(), Error> {
     use sea_orm::sqlx;
     let failed = |error: sqlx::Error| Error::Database(DbErr::Exec(RuntimeErr::SqlxError(error)));
@@ -327,13 +330,13 @@ async fn build_index(db: &DatabaseConnection, statement: &str) -> Result<(), Err
         .await
         .map_err(failed)?;
     sqlx::raw_sql(&format!(
-        "SET backend_flush_after = '{BACKFILL_FLUSH_AFTER}'"
+        "SET backend_flush_after = '{BACKFILL_FLUSH_AFTER}'; SET client_min_messages = warning"
     ))
     .execute(&mut *connection)
     .await
     .map_err(failed)?;
     let built = sqlx::raw_sql(statement).execute(&mut *connection).await;
-    let reset = sqlx::raw_sql("RESET backend_flush_after")
+    let reset = sqlx::raw_sql("RESET backend_flush_after; RESET client_min_messages")
         .execute(&mut *connection)
         .await;
     built.map_err(failed)?;

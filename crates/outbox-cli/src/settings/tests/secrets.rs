@@ -109,12 +109,87 @@ fn password_and_password_file_together_are_rejected() {
         &[("OUTBOX_RELAY__AMQP__PASSWORD", "from-env")],
     )
     .unwrap_err();
-    assert!(
-        error.contains("amqp.password_file") && error.contains("not both"),
-        "{error}"
+    assert_eq!(
+        error,
+        format!(
+            "amqp.password (from environment variable OUTBOX_RELAY__AMQP__PASSWORD) and \
+             amqp.password_file = {file:?} are both set: give the password in one of them, \
+             not both"
+        ),
+        "names the variable that gave the password"
     );
     assert!(
         !error.contains("from-env") && !error.contains("from-file"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_database_password_given_twice_names_the_variable_of_either_key() {
+    let file = temp_file("both-database-password", "from-file");
+    let url = "[database]\nurl = \"postgres://relay@db/app\"\n";
+    let error = load(
+        &format!("{url}password_file = \"{file}\""),
+        &[("OUTBOX_RELAY__DATABASE__PASSWORD", "from-env")],
+    )
+    .unwrap_err();
+    assert!(
+        error.starts_with(
+            "database.password (from environment variable OUTBOX_RELAY__DATABASE__PASSWORD) \
+             and database.password_file = "
+        ) && error.contains("are both set"),
+        "{error}"
+    );
+    let error = load(
+        &format!("{url}password = \"from-toml\""),
+        &[("OUTBOX_RELAY__DATABASE__PASSWORD_FILE", &file)],
+    )
+    .unwrap_err();
+    assert!(
+        error.starts_with(&format!(
+            "database.password and database.password_file = {file:?} (from environment \
+             variable OUTBOX_RELAY__DATABASE__PASSWORD_FILE) are both set"
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("from-toml"), "{error}");
+    let error = load(
+        &format!("{url}password = \"x\"\npassword_file = \"{file}\""),
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.starts_with("database.password and database.password_file = ")
+            && !error.contains("environment"),
+        "both in the file: no variable named: {error}"
+    );
+}
+
+#[test]
+fn an_outbox_password_given_twice_names_the_variable_of_either_key() {
+    let file = temp_file("both-outbox-password", "from-file");
+    let entry = "[[outboxes]]\ntable = \"a\"\ndatabase_url = \"postgres://relay@db2/x\"\n";
+    let error = load(
+        &format!("{entry}database_password_file = \"{file}\""),
+        &[("OUTBOX_RELAY__OUTBOXES__A__DATABASE_PASSWORD", "from-env")],
+    )
+    .unwrap_err();
+    assert!(
+        error.starts_with("outboxes[0] (a): database_password and database_password_file = ")
+            && error.ends_with(
+                "(from environment variable OUTBOX_RELAY__OUTBOXES__A__DATABASE_PASSWORD)"
+            ),
+        "{error}"
+    );
+    let error = load(
+        &format!("{entry}database_password = \"from-toml\""),
+        &[("OUTBOX_RELAY__OUTBOXES__0__DATABASE_PASSWORD_FILE", &file)],
+    )
+    .unwrap_err();
+    assert!(
+        error.ends_with(
+            "(from environment variable OUTBOX_RELAY__OUTBOXES__0__DATABASE_PASSWORD_FILE)"
+        ),
         "{error}"
     );
 }
