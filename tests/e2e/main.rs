@@ -9,7 +9,8 @@ mod adoption;
 /// delivered in room order within the budget plus one row.
 mod bytes;
 /// `check-config` asks every database and broker what `run` would: refusals exit 2 naming
-/// the outbox or broker entry, unreachable addresses are warnings, `--offline` asks nothing.
+/// the outbox or broker entry, unreachable addresses are warnings (each host of a database
+/// URL's list too, which `run` names when it passes one over), `--offline` asks nothing.
 mod check_config;
 /// Three nodes, a steady producer and a schedule of kills, SIGTERMs and cuts of the
 /// broker and database links: nothing lost, room order kept, no node exits by itself.
@@ -26,7 +27,7 @@ mod columns;
 /// Containerfile's OCI labels.
 mod conveniences;
 /// `dead list` and `dead requeue`: topic patterns, filters that combine, `--dry-run`,
-/// unknown event ids named, `--limit 0`, the header row.
+/// unknown event ids named, `--limit 0`, a list cut by `--limit` saying so, the header row.
 mod dead;
 /// A Debezium-shaped outbox: routing by `aggregatetype`, typed header columns, a per-row
 /// content type, a mapping changed after adoption, unknown columns refused (exit 2).
@@ -50,11 +51,18 @@ mod logs;
 mod metrics;
 /// Several relay processes on one table, a killed node, concurrent producers.
 mod multinode;
+/// One live process per `node_id`: a second one refused, a killed one's successor
+/// clearing its leases at once.
+mod node_lock;
 /// PostgreSQL's notices about skipped `IF NOT EXISTS` statements stay out of the log.
 mod notices;
+/// A broker away for seconds under load with `relay.max_attempts` set: no attempt lost,
+/// nothing dead, room order kept, the outage said once.
+mod outages;
 /// Adopted tables and several outboxes through the binary: `migrate --dry-run`, `migrate`
 /// and `run` on a Debezium-shaped table and the original worker's; two outboxes in one
-/// process; bad mappings refused with exit code 2.
+/// process; bad mappings refused with exit code 2; on a new table, the dry run's steps
+/// exactly those `migrate` applies.
 mod outboxes;
 /// A least-privilege role on PostgreSQL and MariaDB relays; a missing privilege is named
 /// by `check-config` and `run` (exit code 2).

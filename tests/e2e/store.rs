@@ -62,6 +62,50 @@ async fn keeps_last_error_within_512_bytes_on_a_char_boundary(backend: Backend) 
 
 per_backend!(keeps_last_error_within_512_bytes_on_a_char_boundary: postgres, mariadb, sqlite);
 
+async fn a_deferred_failure_keeps_the_events_attempts(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    outbox_tests::seed(&database, &[event("e1", "r"), event("e2", "s")]).await;
+    let claimed = database
+        .store
+        .claim(&claim("n1", 10, Ordering::PerRoom))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let failure = |record: &outbox_core::OutboxRecord, error: &str| Failure {
+        id: record.id,
+        error: error.into(),
+    };
+    let later = Utc::now() + chrono::Duration::seconds(30);
+    let batch = MarkBatch {
+        retried: vec![(failure(&claimed[0], "unroutable"), later)],
+        deferred: vec![(failure(&claimed[1], "broker unavailable"), later)],
+        ..MarkBatch::default()
+    };
+    database.store.mark("n1", &batch).await.unwrap();
+    let counted = database.row("e1").await;
+    let deferred = database.row("e2").await;
+    assert_eq!(
+        counted.retry_count, 1,
+        "the event's own failure costs an attempt"
+    );
+    assert_eq!(deferred.retry_count, 0, "an outage costs none");
+    assert_eq!(deferred.last_error.as_deref(), Some("broker unavailable"));
+    assert_eq!(deferred.status, "pending");
+    assert_eq!(deferred.locked_by, None);
+    assert!(
+        database
+            .store
+            .claim(&claim("n1", 10, Ordering::PerRoom))
+            .await
+            .unwrap()
+            .is_empty(),
+        "both wait for their next attempt"
+    );
+    database.drop_table().await;
+}
+
+per_backend!(a_deferred_failure_keeps_the_events_attempts: postgres, mariadb, sqlite);
+
 /// Seeds one event per id, in its order; each event's room is its id's first letter.
 async fn seed_rooms(database: &TestDatabase, ids: &[&str]) {
     let events: Vec<NewEvent> = ids.iter().map(|id| event(id, &id[..1])).collect();

@@ -4,12 +4,13 @@ use crate::blocking::Blocking;
 use crate::cluster::{BrokerUrl, Rotation};
 use crate::handoff::Handoff;
 use crate::message::MessageSettings;
+use crate::outage::Outage;
 use crate::publisher::AmqpPublisher;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::tcp::OwnedTLSConfig;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox_core::{Backoff, Router};
+use outbox_core::{Backoff, PublishError, Router};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -154,8 +155,9 @@ impl std::fmt::Debug for AmqpSettings {
 /// The relay's link to RabbitMQ: one connection, re-established when it is lost.
 ///
 /// While the connection is down, a request for a channel reconnects at most once per
-/// [`BACKOFF`] step and otherwise fails at once, so publishes fail fast (and are retried by
-/// the retry policy) instead of piling up. See docs/design.md#wake-ups-and-backoff.
+/// [`BACKOFF`] step and otherwise fails at once; publishes wait for the broker before they
+/// start ([`Outage`]), so an outage costs no event an attempt. See
+/// docs/design.md#wake-ups-and-backoff.
 #[derive(Debug)]
 pub struct Broker {
     link: Arc<Link>,
@@ -173,6 +175,8 @@ pub(crate) struct Link {
     blocking: Blocking,
     /// Bodies handed to lapin and not yet written, bounded.
     handoff: Handoff,
+    /// Whether the broker is away, and what waited for it.
+    outage: Outage,
 }
 
 #[derive(Debug)]
@@ -189,8 +193,6 @@ struct LinkState {
     backoff: Backoff,
     /// Which broker of `amqp.url` a connection round tries first.
     rotation: Rotation,
-    /// Last reported usability, for logging transitions once.
-    usable: bool,
 }
 
 /// Reconnection attempts: 100 ms doubling to 30 s, jittered.
@@ -233,6 +235,7 @@ impl Broker {
             exchanges: std::sync::Mutex::new(declared),
             blocking,
             handoff: Handoff::default(),
+            outage: Outage::default(),
             settings,
             state: Mutex::new(LinkState {
                 connection: Some(Arc::new(connection)),
@@ -241,7 +244,6 @@ impl Broker {
                 next_attempt: Instant::now(),
                 backoff: BACKOFF,
                 rotation,
-                usable: true,
             }),
         };
         Ok(Self {
@@ -416,6 +418,27 @@ impl Link {
         &self.handoff
     }
 
+    pub(crate) fn outage(&self) -> &Outage {
+        &self.outage
+    }
+
+    /// Returns at once while the broker is reachable; while it is away, waits until the
+    /// link has a connection again, trying to reconnect as the backoff allows.
+    pub(crate) async fn reachable(&self) {
+        if !self.outage.is_away() {
+            return;
+        }
+        self.outage.waiting();
+        loop {
+            match self.connection().await {
+                Ok(_) => return,
+                Err(AmqpError::Unavailable { retry_in }) => tokio::time::sleep(retry_in).await,
+                // That attempt failed and set the next one: asked again, the link says when.
+                Err(_) => {}
+            }
+        }
+    }
+
     /// How long a close may wait for the broker's answer: none while the broker blocks
     /// the connection, since lapin writes nothing then and the close could only time out.
     pub(crate) fn close_timeout(&self) -> Duration {
@@ -436,10 +459,7 @@ impl Link {
             state.connection = None;
             state.drop_follower();
             self.blocking.forget(&state.connected_to);
-            if state.usable {
-                state.usable = false;
-                warn!(url = %state.connected_to, "broker connection lost; reconnecting with backoff");
-            }
+            self.outage.begin(&state.connected_to, "connection lost");
         }
         let now = Instant::now();
         if now < state.next_attempt {
@@ -454,22 +474,16 @@ impl Link {
                 state.connection = Some(Arc::clone(&connection));
                 state.connected_to = broker.redacted.clone();
                 state.backoff.reset();
-                if !state.usable {
-                    state.usable = true;
-                    info!(url = %broker.redacted, "broker connection re-established");
-                }
+                self.outage.end(&broker.redacted);
                 Ok(connection)
             }
             Err(error) => {
                 state.next_attempt = Instant::now() + state.backoff.next_delay();
                 if refuses(&error) {
                     // Not an outage that ends by itself: said at every attempt.
-                    state.usable = false;
                     warn!(%error, "broker refuses the connection (credentials or vhost); trying again with backoff");
-                } else if state.usable {
-                    state.usable = false;
-                    warn!(%error, "broker unreachable; reconnecting with backoff");
                 }
+                self.outage.begin(&state.connected_to, &error.to_string());
                 Err(error)
             }
         }
@@ -481,7 +495,7 @@ impl Link {
         &self,
         exchange: &str,
         exchange_type: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), PublishError> {
         if exchange.is_empty() || self.exchanges.lock().unwrap().contains(exchange) {
             return Ok(());
         }
@@ -491,12 +505,21 @@ impl Link {
     }
 
     /// Declares `exchange` passively on a channel of its own; remembered once it exists.
-    async fn check_exchange(&self, exchange: &str, exchange_type: &str) -> Result<(), String> {
-        let connection = self.connection().await.map_err(|error| error.to_string())?;
+    /// The broker's refusal is [`PublishError::NoExchange`]; a lost link, a channel error.
+    async fn check_exchange(
+        &self,
+        exchange: &str,
+        exchange_type: &str,
+    ) -> Result<(), PublishError> {
+        let link_error = |error: String| PublishError::Channel(error);
+        let connection = self
+            .connection()
+            .await
+            .map_err(|error| link_error(error.to_string()))?;
         let channel = connection
             .create_channel()
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| link_error(error.to_string()))?;
         let options = ExchangeDeclareOptions {
             passive: true,
             ..ExchangeDeclareOptions::default()
@@ -511,7 +534,14 @@ impl Link {
                 self.exchanges.lock().unwrap().insert(exchange.to_owned());
                 Ok(())
             }
-            Err(error) => Err(format!("exchange {exchange:?} is not usable: {error}")),
+            // The broker answered: no such exchange, or one of another type.
+            Err(error) if matches!(error.kind(), lapin::ErrorKind::ProtocolError(_)) => {
+                Err(PublishError::NoExchange {
+                    exchange: exchange.to_owned(),
+                    detail: error.to_string(),
+                })
+            }
+            Err(error) => Err(link_error(error.to_string())),
         }
     }
 

@@ -20,6 +20,7 @@ pub mod cluster;
 mod confirms;
 mod handoff;
 pub mod message;
+mod outage;
 pub mod preflight;
 pub mod publisher;
 pub mod span;

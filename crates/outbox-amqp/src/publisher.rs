@@ -126,14 +126,16 @@ impl EventPublisher for AmqpPublisher {
         // the broker blocks, so a held publish is neither timed out nor published twice;
         // a broker that stops answering otherwise fails the publish as before.
         self.link.blocking().unblocked().await;
+        // Nor to a broker that is away: the publish waits for it before its clock starts,
+        // so an outage fails no event and costs none an attempt (outage.rs).
+        self.link.reachable().await;
         let mut clock: Clock = Box::pin(self.link.blocking().clock(timeout));
         within(
             &mut clock,
             timeout,
             pin!(self.link.verify_exchange(exchange, &routing.exchange_type)),
         )
-        .await?
-        .map_err(PublishError::Channel)?;
+        .await??;
         let labels = OutboxLabels {
             key_header: &routing.key_header,
             content_type: routing.content_type.as_deref(),
@@ -173,6 +175,9 @@ impl EventPublisher for AmqpPublisher {
         let (confirm, open) = match handed_off.await {
             Ok(handed) => handed,
             Err(error) => {
+                if matches!(error, PublishError::Channel(_)) {
+                    self.link.outage().lost_one();
+                }
                 span.end(Err(&error));
                 return Err(error);
             }
@@ -184,10 +189,24 @@ impl EventPublisher for AmqpPublisher {
             let outcome = match within(&mut clock, timeout, pin!(confirm)).await {
                 Err(timed_out) => Err(timed_out),
                 Ok(Err(error)) => {
-                    if error.to_string().contains("NOT_FOUND") {
+                    let text = error.to_string();
+                    // The exchange was deleted since it was checked: the broker closed the
+                    // channel with NOT_FOUND, naming it. Checked again at its next publish;
+                    // the other publishes on the channel lost it through no fault of theirs.
+                    if text.contains("NOT_FOUND") {
                         link.forget_exchange(&exchange);
                     }
-                    Err(channel_error(error))
+                    if text.contains("NOT_FOUND")
+                        && text.contains(&format!("exchange '{exchange}'"))
+                    {
+                        Err(PublishError::NoExchange {
+                            exchange,
+                            detail: text,
+                        })
+                    } else {
+                        link.outage().lost_one();
+                        Err(channel_error(error))
+                    }
                 }
                 // With `mandatory`, an unroutable message comes back before its ack,
                 // perhaps with another message's confirm: decided once every confirm that

@@ -137,13 +137,7 @@ mod enabled {
 
     /// `error.type` of a failed publish (low cardinality).
     fn error_type(error: &PublishError) -> &'static str {
-        match error {
-            PublishError::Timeout(_) => "timeout",
-            PublishError::Nacked { .. } => "nacked",
-            PublishError::Unroutable { .. } => "unroutable",
-            PublishError::Channel(_) => "channel",
-            PublishError::Invalid(_) => "invalid",
-        }
+        error.reason()
     }
 
     /// A message's headers, read as the propagator's carrier (string values only).

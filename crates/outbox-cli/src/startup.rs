@@ -4,7 +4,7 @@
 use crate::settings::{Config, OutboxConfig};
 use anyhow::Context as _;
 use outbox_amqp::{Broker, Routing};
-use outbox_core::{EventPublisher, PublishedRows, RelayOptions};
+use outbox_core::{EventPublisher, NodeHold, OutboxStore, PublishedRows, RelayOptions};
 use outbox_relay::{Relay, Relays};
 use outbox_store::{SeaOrmStore, WakeUps};
 use std::collections::HashMap;
@@ -224,6 +224,7 @@ pub async fn start_relay(
         &outbox.database_url,
         store,
         broker,
+        None,
     )
     .await
 }
@@ -235,8 +236,32 @@ pub async fn start_relays(
     outboxes: &[OpenOutbox],
     broker: &Broker,
 ) -> anyhow::Result<Relays> {
-    let mut relays = Vec::with_capacity(outboxes.len());
+    let nodes = outboxes.iter().map(|_| None).collect();
+    start_relays_holding(config, outboxes, broker, nodes).await
+}
+
+/// Takes this process's node on every outbox's table ([`OutboxStore::hold_node`]), in
+/// the order of `outboxes`: a live process running as the same `node_id` on one of them
+/// refuses the start ([`outbox_core::StoreError::NodeTaken`], exit code 2).
+pub async fn hold_nodes(config: &Config, outboxes: &[OpenOutbox]) -> anyhow::Result<Vec<NodeHold>> {
+    let mut nodes = Vec::with_capacity(outboxes.len());
     for outbox in outboxes {
+        let node_id = outbox.config.relay_options(&config.relay).node_id;
+        nodes.push(outbox.store.hold_node(&node_id).await?);
+    }
+    Ok(nodes)
+}
+
+/// [`start_relays`], each relay with its node already held ([`hold_nodes`], in the same
+/// order; `None`: taken at its start).
+pub async fn start_relays_holding(
+    config: &Config,
+    outboxes: &[OpenOutbox],
+    broker: &Broker,
+    nodes: Vec<Option<NodeHold>>,
+) -> anyhow::Result<Relays> {
+    let mut relays = Vec::with_capacity(outboxes.len());
+    for (outbox, node) in outboxes.iter().zip(nodes) {
         let options = outbox.config.relay_options(&config.relay);
         let relay = start_one(
             config,
@@ -245,6 +270,7 @@ pub async fn start_relays(
             &outbox.config.database_url,
             &outbox.store,
             broker,
+            node,
         )
         .await?;
         relays.push(relay);
@@ -262,6 +288,7 @@ async fn start_one(
     url: &str,
     store: &SeaOrmStore,
     broker: &Broker,
+    node: Option<NodeHold>,
 ) -> anyhow::Result<Relay> {
     let mut ports: Vec<Arc<dyn EventPublisher>> = Vec::with_capacity(options.publishers);
     for _ in 0..options.publishers {
@@ -269,7 +296,11 @@ async fn start_one(
     }
     let outbox = options.outbox.clone();
     let poll_interval = options.poll_interval;
-    let mut relay = Relay::start(Arc::new(store.clone()), ports, options).await?;
+    let store_port: Arc<dyn OutboxStore> = Arc::new(store.clone());
+    let mut relay = match node {
+        Some(node) => Relay::start_holding(store_port, ports, options, node).await?,
+        None => Relay::start(store_port, ports, options).await?,
+    };
     let database = &config.database;
     // `database.listen_url` is for `database.url`; an outbox elsewhere listens on its own.
     let listen_url = match &database.listen_url {

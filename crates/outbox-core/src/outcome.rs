@@ -29,8 +29,12 @@ pub struct Failure {
 pub struct MarkBatch {
     /// Rows confirmed by the broker.
     pub published: Vec<i64>,
-    /// Rows that stay pending, with the time of their next attempt.
+    /// Rows that stay pending, with the time of their next attempt: the failure cost one
+    /// attempt (`retry_count + 1`).
     pub retried: Vec<(Failure, DateTime<Utc>)>,
+    /// Rows that stay pending, with the time of their next attempt, keeping their
+    /// `retry_count`: the failure was not the event's (the broker away or not answering).
+    pub deferred: Vec<(Failure, DateTime<Utc>)>,
     /// Rows that gave up.
     pub dead: Vec<Failure>,
     /// Rows whose lease is simply given back.
@@ -40,7 +44,11 @@ pub struct MarkBatch {
 impl MarkBatch {
     /// Number of rows the batch touches.
     pub fn len(&self) -> usize {
-        self.published.len() + self.retried.len() + self.dead.len() + self.released.len()
+        self.published.len()
+            + self.retried.len()
+            + self.deferred.len()
+            + self.dead.len()
+            + self.released.len()
     }
 
     /// True when there is nothing to write.

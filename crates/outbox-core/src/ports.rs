@@ -19,6 +19,9 @@ pub enum StoreError {
     /// The database could not run a statement (connection lost, constraint, timeout…).
     #[error("database error: {0}")]
     Database(String),
+    /// Another live process runs as the same `node_id` on the table (what is known of it).
+    #[error("{0}")]
+    NodeTaken(String),
 }
 
 /// Why a publish did not end in the broker's ack.
@@ -40,6 +43,14 @@ pub enum PublishError {
         /// Routing key published with.
         routing_key: String,
     },
+    /// The exchange does not exist (or exists with another type): the broker refused it.
+    #[error("exchange {exchange:?} is missing or not usable: {detail}")]
+    NoExchange {
+        /// Exchange published to.
+        exchange: String,
+        /// The broker's answer.
+        detail: String,
+    },
     /// No confirm arrived within `publish_timeout`.
     #[error("no confirm from the broker within {0:?}")]
     Timeout(Duration),
@@ -56,12 +67,33 @@ impl PublishError {
     /// Every value [`PublishError::reason`] returns, so a metric can register each label
     /// once, up front: a failure counter then reads 0 rather than being absent until the
     /// first failure of its kind, which keeps `rate()` and alert rules simple.
-    pub const REASONS: [&'static str; 5] =
-        ["unroutable", "nacked", "timeout", "channel", "invalid"];
+    pub const REASONS: [&'static str; 6] = [
+        "unroutable",
+        "nacked",
+        "no_exchange",
+        "timeout",
+        "channel",
+        "invalid",
+    ];
 
     /// True when retrying cannot help.
     pub fn is_permanent(&self) -> bool {
         matches!(self, PublishError::Invalid(_))
+    }
+
+    /// True when the event itself caused the failure, so it costs one of its attempts
+    /// (`retry_count`, `relay.max_attempts`): no queue for its routing key, a nack, no
+    /// exchange of its name, a body or headers the broker cannot take. A timeout or a lost
+    /// channel or connection is the broker's outage, nobody's fault: the event keeps its
+    /// attempts and is published once the broker is back (docs/design.md#outcomes).
+    pub fn counts_as_attempt(&self) -> bool {
+        match self {
+            PublishError::Unroutable { .. }
+            | PublishError::Nacked { .. }
+            | PublishError::NoExchange { .. }
+            | PublishError::Invalid(_) => true,
+            PublishError::Timeout(_) | PublishError::Channel(_) => false,
+        }
     }
 
     /// Short label of the failure kind (metrics and logs).
@@ -69,6 +101,7 @@ impl PublishError {
         match self {
             PublishError::Unroutable { .. } => "unroutable",
             PublishError::Nacked { .. } => "nacked",
+            PublishError::NoExchange { .. } => "no_exchange",
             PublishError::Timeout(_) => "timeout",
             PublishError::Channel(_) => "channel",
             PublishError::Invalid(_) => "invalid",
@@ -199,6 +232,15 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// `node_id` keep their state, except that `published` always wins.
     async fn mark(&self, node_id: &str, batch: &MarkBatch) -> Result<(), StoreError>;
 
+    /// Takes `node_id` for this process until the returned hold is dropped, so that no
+    /// other live process relays as the same node; [`StoreError::NodeTaken`] when one
+    /// does. Leases a node holds can then only be its own or a dead run's. The default
+    /// takes nothing (stores no other process can reach).
+    async fn hold_node(&self, node_id: &str) -> Result<NodeHold, StoreError> {
+        let _ = node_id;
+        Ok(NodeHold::default())
+    }
+
     /// Clears every lease `node_id` holds on pending rows; returns how many.
     async fn release_node(&self, node_id: &str) -> Result<u64, StoreError>;
 
@@ -239,6 +281,48 @@ pub trait OutboxStore: Send + Sync + 'static {
         older_than: DateTime<Utc>,
         limit: usize,
     ) -> Result<u64, StoreError>;
+}
+
+/// A store's hold on a `node_id` ([`OutboxStore::hold_node`]): released when dropped.
+#[derive(Default)]
+pub struct NodeHold {
+    /// What holds the lock (a connection, a locked file).
+    guard: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Resolves, with what is known of the other process, if the lock was lost and another
+    /// process took the node meanwhile.
+    lost: Option<Pin<Box<dyn Future<Output = String> + Send>>>,
+}
+
+impl NodeHold {
+    /// A hold kept by `guard`; `lost` resolves if another process takes the node.
+    pub fn new(
+        guard: Box<dyn std::any::Any + Send + Sync>,
+        lost: Pin<Box<dyn Future<Output = String> + Send>>,
+    ) -> Self {
+        Self {
+            guard: Some(guard),
+            lost: Some(lost),
+        }
+    }
+
+    /// Whether anything is held.
+    pub fn is_held(&self) -> bool {
+        self.guard.is_some()
+    }
+
+    /// Takes the future that resolves when another process took the node; `None` for a
+    /// hold of nothing, or once taken.
+    pub fn take_lost(&mut self) -> Option<Pin<Box<dyn Future<Output = String> + Send>>> {
+        self.lost.take()
+    }
+}
+
+impl std::fmt::Debug for NodeHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHold")
+            .field("held", &self.is_held())
+            .finish()
+    }
 }
 
 /// How the database tells of new rows (PostgreSQL's NOTIFY, or a cheap probe where nothing
@@ -283,11 +367,25 @@ mod tests {
                 exchange: "x".into(),
                 routing_key: "k".into(),
             },
+            PublishError::NoExchange {
+                exchange: "x".into(),
+                detail: "NOT_FOUND".into(),
+            },
             PublishError::Timeout(Duration::from_secs(3)),
             PublishError::Channel("closed".into()),
             PublishError::Invalid("bad headers".into()),
         ];
         let reasons: Vec<&str> = failures.iter().map(PublishError::reason).collect();
         assert_eq!(reasons, PublishError::REASONS);
+        let counted: Vec<&str> = failures
+            .iter()
+            .filter(|failure| failure.counts_as_attempt())
+            .map(PublishError::reason)
+            .collect();
+        assert_eq!(
+            counted,
+            ["unroutable", "nacked", "no_exchange", "invalid"],
+            "only what the event caused costs an attempt"
+        );
     }
 }

@@ -54,6 +54,12 @@ pub enum FailureDecision {
     },
     /// Give up: `status = 'dead'`.
     Dead,
+    /// Not the event's fault (the broker away or not answering): stay pending with the
+    /// same `retry_count`, not before `delay` from now. Never dead.
+    Defer {
+        /// Before the next attempt.
+        delay: Duration,
+    },
 }
 
 impl RetryPolicy {
@@ -64,7 +70,31 @@ impl RetryPolicy {
         if permanent || (self.max_attempts > 0 && attempts >= self.max_attempts) {
             return FailureDecision::Dead;
         }
-        let delay = match self.strategy {
+        FailureDecision::Retry {
+            delay: self.delay(retry_count),
+        }
+    }
+
+    /// [`RetryPolicy::decide`] for a failure that `counts` (the event caused it:
+    /// [`crate::PublishError::counts_as_attempt`]) or not: one that does not is deferred,
+    /// by the delay of its current attempt, and costs nothing.
+    pub fn decide_failure(
+        &self,
+        retry_count: i32,
+        permanent: bool,
+        counts: bool,
+    ) -> FailureDecision {
+        if counts || permanent {
+            return self.decide(retry_count, permanent);
+        }
+        FailureDecision::Defer {
+            delay: self.delay(retry_count),
+        }
+    }
+
+    /// The wait before the next attempt of an event with `retry_count` failed attempts.
+    fn delay(&self, retry_count: i32) -> Duration {
+        match self.strategy {
             RetryStrategy::FixedInterval => self.interval,
             RetryStrategy::Exponential => {
                 let exponent = u32::try_from(retry_count).unwrap_or(0).min(32);
@@ -76,8 +106,7 @@ impl RetryPolicy {
                 // Full jitter: spreads retries of events that failed together.
                 cap.mul_f64(fastrand::f64())
             }
-        };
-        FailureDecision::Retry { delay }
+        }
     }
 }
 
@@ -129,6 +158,20 @@ mod tests {
             FailureDecision::Retry { .. }
         ));
         assert_eq!(policy.decide(2, false), FailureDecision::Dead);
+    }
+
+    #[test]
+    fn failures_the_event_did_not_cause_never_go_dead() {
+        let policy = policy(RetryStrategy::FixedInterval, 3);
+        for retry_count in [0, 2, 50] {
+            assert_eq!(
+                policy.decide_failure(retry_count, false, false),
+                FailureDecision::Defer {
+                    delay: Duration::from_secs(1)
+                }
+            );
+        }
+        assert_eq!(policy.decide_failure(2, false, true), FailureDecision::Dead);
     }
 
     #[test]

@@ -185,7 +185,7 @@ impl OutcomeCounters {
                     continue;
                 }
                 Resolution::Released => continue,
-                Resolution::Retried { reason, .. } => reason,
+                Resolution::Retried { reason, .. } | Resolution::Deferred { reason, .. } => reason,
                 Resolution::Dead { reason, .. } => {
                     dead += 1;
                     reason

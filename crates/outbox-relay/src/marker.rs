@@ -62,6 +62,14 @@ pub(crate) enum Resolution {
         /// The trimmed error written to `last_error`.
         error: String,
     },
+    /// Failed through no fault of its own (the broker away or not answering): stays
+    /// pending with its attempts as they were.
+    Deferred {
+        /// [`outbox_core::PublishError::reason`], for its counter.
+        reason: &'static str,
+        /// The trimmed error written to `last_error`.
+        error: String,
+    },
     /// Failed for good.
     Dead {
         /// [`outbox_core::PublishError::reason`], for its counter.
@@ -106,6 +114,8 @@ pub struct Marker {
     drained: Waiters,
     /// Committed outcomes by kind, and flush sizes.
     counters: OutcomeCounters,
+    /// Rows released after the shutdown began: said once, when the Marker stops.
+    released_on_shutdown: usize,
 }
 
 /// Retries of a failed flush: 100 ms doubling to 5 s, jittered.
@@ -129,6 +139,7 @@ impl Marker {
             backoff: BACKOFF,
             drained: Waiters::default(),
             counters,
+            released_on_shutdown: 0,
         }
     }
 
@@ -159,18 +170,23 @@ impl Marker {
                         id: record.id,
                         error: error.clone(),
                     };
-                    match self
-                        .options
-                        .retry
-                        .decide(record.retry_count, failure.is_permanent())
-                    {
+                    let at = |delay: Duration| {
+                        let delay =
+                            chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+                        now.checked_add_signed(delay).unwrap_or(now)
+                    };
+                    match self.options.retry.decide_failure(
+                        record.retry_count,
+                        failure.is_permanent(),
+                        failure.counts_as_attempt(),
+                    ) {
                         FailureDecision::Retry { delay } => {
-                            let delay =
-                                chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
-                            batch
-                                .retried
-                                .push((row, now.checked_add_signed(delay).unwrap_or(now)));
+                            batch.retried.push((row, at(delay)));
                             Resolution::Retried { reason, error }
+                        }
+                        FailureDecision::Defer { delay } => {
+                            batch.deferred.push((row, at(delay)));
+                            Resolution::Deferred { reason, error }
                         }
                         FailureDecision::Dead => {
                             batch.dead.push(row);
@@ -267,7 +283,13 @@ impl Marker {
         .spawn(ctx);
     }
 
-    fn log_committed(&self, decided: &[Decided]) {
+    fn log_committed(&mut self, decided: &[Decided]) {
+        if !self.drained.is_empty() {
+            self.released_on_shutdown += decided
+                .iter()
+                .filter(|done| done.resolution == Resolution::Released)
+                .count();
+        }
         // Counted here, with the log lines: the counters say what the table says.
         self.counters
             .committed(decided.iter().map(|done| &done.resolution));
@@ -280,9 +302,9 @@ impl Marker {
         } in decided
         {
             let error = match resolution {
-                Resolution::Retried { error, .. } | Resolution::Dead { error, .. } => {
-                    error.as_str()
-                }
+                Resolution::Retried { error, .. }
+                | Resolution::Deferred { error, .. }
+                | Resolution::Dead { error, .. } => error.as_str(),
                 Resolution::Published | Resolution::Released => "",
             };
             macro_rules! outcome {
@@ -316,14 +338,22 @@ impl Marker {
                     record.retry_count + 1,
                     "publish failed; will retry"
                 ),
+                // The broker's outage is logged once by the link, not once per event.
+                Resolution::Deferred { .. } => outcome!(
+                    debug,
+                    "pending",
+                    record.retry_count,
+                    "publish failed while the broker was away; will retry, attempts kept"
+                ),
                 Resolution::Dead { .. } => outcome!(
                     error,
                     "dead",
                     record.retry_count + 1,
                     "publish failed; event is dead"
                 ),
+                // Summed up in one line when the Marker stops.
                 Resolution::Released if stopping => {
-                    outcome!(info, "stopped", record.retry_count, "released on shutdown")
+                    outcome!(debug, "stopped", record.retry_count, "released on shutdown")
                 }
                 Resolution::Released => outcome!(
                     debug,
@@ -337,6 +367,16 @@ impl Marker {
 
     fn stop_if_drained(&mut self, ctx: &mut Context<Self>) {
         if !self.drained.is_empty() && self.waiting.is_empty() && self.flushing.is_none() {
+            if self.released_on_shutdown > 0 {
+                info!(
+                    worker = %self.options.worker,
+                    outbox = %self.options.outbox,
+                    node_id = %self.options.node_id,
+                    status = "stopped",
+                    released = self.released_on_shutdown,
+                    "events claimed but not started were released on shutdown; the next claim takes them"
+                );
+            }
             self.drained.answer(());
             ctx.stop();
         }

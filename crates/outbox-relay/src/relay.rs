@@ -9,7 +9,7 @@ use crate::publisher::{Drain, Publisher};
 use crate::scheduler::{Scheduler, StopTicking};
 use actix::prelude::*;
 use outbox_core::{
-    ClaimRequest, EventPublisher, InsertFeed, OutboxStore, RelayOptions, StoreError,
+    ClaimRequest, EventPublisher, InsertFeed, NodeHold, OutboxStore, RelayOptions, StoreError,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,24 +49,49 @@ pub struct Relay {
     options: RelayOptions,
     /// Wakes the relay on the database's announcements of inserts; see [`Relay::listen`].
     listener: Option<Addr<Listener>>,
+    /// This process's hold on `node_id` for the table: held, never read; dropped with the
+    /// relay, after shutdown cleared its leases.
+    _node: NodeHold,
+    /// Resolves if the hold was lost and another process took the node.
+    node_lost: Option<NodeLost>,
 }
 
+/// Resolves, with what is known of the other process, if another process took the node.
+pub type NodeLost = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
+
 impl Relay {
-    /// Starts the actors on the current actix system: one Publisher per port.
-    /// Leases left by an earlier process with the same `node_id` are released first, so
-    /// none of this node's rows stays locked by a process that no longer exists.
+    /// Starts the actors on the current actix system: one Publisher per port. Takes the
+    /// node first ([`OutboxStore::hold_node`]: [`StoreError::NodeTaken`] while another live
+    /// process runs as it), then releases the leases an earlier, ended process with the
+    /// same `node_id` left, so none of this node's rows stays locked by a process that no
+    /// longer exists.
     pub async fn start(
         store: Arc<dyn OutboxStore>,
         ports: Vec<Arc<dyn EventPublisher>>,
         options: RelayOptions,
     ) -> Result<Self, StoreError> {
+        let node = store.hold_node(&options.node_id).await?;
+        Self::start_holding(store, ports, options, node).await
+    }
+
+    /// [`Relay::start`] with the node already held ([`OutboxStore::hold_node`]): `run`
+    /// takes it as soon as the database answers, before it waits for the broker.
+    pub async fn start_holding(
+        store: Arc<dyn OutboxStore>,
+        ports: Vec<Arc<dyn EventPublisher>>,
+        options: RelayOptions,
+        mut node: NodeHold,
+    ) -> Result<Self, StoreError> {
         assert!(
             !ports.is_empty(),
             "the relay needs at least one publisher port"
         );
+        // First the node, then its leases: held, no other live process can be relaying as
+        // this node, so any lease it holds is a dead run's.
+        let node_lost = node.take_lost();
         let released = store.release_node(&options.node_id).await?;
         if released > 0 {
-            info!(outbox = %options.outbox, released, node_id = %options.node_id, "released leases left by an earlier run of this node");
+            info!(outbox = %options.outbox, released, node_id = %options.node_id, "released leases left by an earlier run of this node, which has ended");
         }
         // Scheduler and Fetcher, Fetcher and Marker know each other: take their addresses
         // before starting them.
@@ -155,6 +180,8 @@ impl Relay {
             store,
             options,
             listener: None,
+            _node: node,
+            node_lost,
         })
     }
 
@@ -237,6 +264,13 @@ impl Relay {
     pub fn options(&self) -> &RelayOptions {
         &self.options
     }
+
+    /// Takes the future that resolves if this process lost its hold on the node and
+    /// another process took it: this process must then stop relaying. `None` once taken,
+    /// or where the store holds nothing.
+    pub fn take_node_lost(&mut self) -> Option<NodeLost> {
+        self.node_lost.take()
+    }
 }
 
 /// Several relays in one process, one per outbox, each with its own actors and publisher
@@ -254,6 +288,25 @@ impl Relays {
     /// The relays, in the order given.
     pub fn relays(&self) -> &[Relay] {
         &self.relays
+    }
+
+    /// Resolves, with what is known of the other process, once any relay's node was taken
+    /// by another process after this one lost its hold ([`Relay::take_node_lost`]); never
+    /// while every hold stands. Takes the relays' futures: call once.
+    pub fn node_lost(&mut self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let mut lost: Vec<NodeLost> = self
+            .relays
+            .iter_mut()
+            .filter_map(Relay::take_node_lost)
+            .collect();
+        std::future::poll_fn(move |cx| {
+            for future in lost.iter_mut() {
+                if let std::task::Poll::Ready(holder) = future.as_mut().poll(cx) {
+                    return std::task::Poll::Ready(holder);
+                }
+            }
+            std::task::Poll::Pending
+        })
     }
 
     /// Stops every relay as [`Relay::shutdown`] does, all at once, within one

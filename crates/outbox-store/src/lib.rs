@@ -27,6 +27,8 @@
 //!   the first claim, after full claims, at once after a slow one, and after a claim
 //!   cancelled at its 1 s timeout; a planner that expects fewer pending rows than a claim
 //!   takes gets the `status` column analyzed).
+//! - [`node_lock`]: one live process per `node_id` and table (an advisory lock, `GET_LOCK`,
+//!   or a file lock beside a SQLite database, held for the process's life).
 //! - [`privileges`]: whether the connected role may do what the relay does to its tables.
 //! - [`retention`]: deleting finished rows in bounded batches (the Janitor, `purge`).
 //! - [`row`]: rows as statements read them.
@@ -43,6 +45,7 @@ pub mod failover;
 pub mod hosts;
 mod mark;
 pub mod migration;
+pub mod node_lock;
 mod planner;
 mod pool;
 pub mod privileges;
@@ -63,6 +66,7 @@ pub use columns::{
 pub use connection_url::connection_url;
 pub use error::Error;
 pub use migration::{migrate, migrate_columns, plan, PlannedStep};
+pub use node_lock::NodeLock;
 pub use privileges::{missing_privileges, MissingPrivilege};
 pub use producer::{enqueue, insert_events, NewEvent};
 pub use row::OutboxRow;

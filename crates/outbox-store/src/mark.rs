@@ -41,31 +41,36 @@ impl SeaOrmStore {
             };
             statements.push((params, sql));
         }
-        if !batch.retried.is_empty() {
+        for (rows, counted) in [(&batch.retried, true), (&batch.deferred, false)] {
+            if rows.is_empty() {
+                continue;
+            }
             let mut params = Params::new(dialect);
             let mut errors = format!("CASE {p}");
-            for (failure, _) in &batch.retried {
+            for (failure, _) in rows {
                 let id = params.bind(failure.id);
                 let error = params.bind(failure.error.as_str());
                 errors.push_str(&format!(" WHEN {id} THEN {error}"));
             }
             errors.push_str(" END");
             let mut available = format!("CASE {p}");
-            for (failure, at) in &batch.retried {
+            for (failure, at) in rows {
                 let id = params.bind(failure.id);
                 let at = params.bind_time(*at);
                 available.push_str(&format!(" WHEN {id} THEN {at}"));
             }
             available.push_str(" END");
-            let ids: Vec<i64> = batch
-                .retried
-                .iter()
-                .map(|(failure, _)| failure.id)
-                .collect();
+            let ids: Vec<i64> = rows.iter().map(|(failure, _)| failure.id).collect();
             let ids = params.any_of(&ids);
             let node = params.bind(node_id);
+            // A deferred row keeps its attempts: the broker's outage was not its doing.
+            let attempt = if counted {
+                "retry_count = retry_count + 1, "
+            } else {
+                ""
+            };
             let sql = format!(
-                "UPDATE {t} SET retry_count = retry_count + 1, last_error = {errors}, \
+                "UPDATE {t} SET {attempt}last_error = {errors}, \
                  available_at = {available}, locked_by = NULL, locked_until = NULL \
                  WHERE {p} {ids} AND status = {PENDING} AND locked_by = {node}"
             );

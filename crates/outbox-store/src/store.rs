@@ -13,7 +13,7 @@ use crate::sql::TableName;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Backlog, ClaimRequest, Claimed, MarkBatch, OutboxRecord, OutboxStats, OutboxStore,
+    Backlog, ClaimRequest, Claimed, MarkBatch, NodeHold, OutboxRecord, OutboxStats, OutboxStore,
     PublishedRows, PurgeTarget, StoreError,
 };
 use sea_orm::{
@@ -350,6 +350,12 @@ impl OutboxStore for SeaOrmStore {
         self.mark_batch(node_id, batch)
             .await
             .map_err(|error| self.failed(error))
+    }
+
+    async fn hold_node(&self, node_id: &str) -> Result<NodeHold, StoreError> {
+        let lock = crate::NodeLock::take(&self.db, &self.table, node_id).await?;
+        let lost = Box::pin(lock.lost());
+        Ok(NodeHold::new(Box::new(lock), lost))
     }
 
     async fn release_node(&self, node_id: &str) -> Result<u64, StoreError> {

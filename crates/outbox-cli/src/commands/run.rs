@@ -5,10 +5,13 @@ use crate::dependency::{Dependency, Patience, Wait};
 use crate::endpoint::Endpoint;
 use crate::settings::Config;
 use crate::signals::StopSignals;
-use crate::startup::{open_broker, open_outboxes, start_relays, OpenOutbox};
+use crate::startup::{
+    hold_nodes, open_broker, open_outboxes, start_relays_holding, ConfigProblem, OpenOutbox,
+};
 use crate::traces::Traces;
 use anyhow::Context as _;
 use outbox_amqp::Broker;
+use outbox_core::NodeHold;
 use tracing::{info, warn};
 
 /// Waits for the database and the broker while they are unreachable (within
@@ -31,7 +34,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             None
         }
     };
-    let Some((outboxes, broker)) = opened else {
+    let Some((outboxes, nodes, broker)) = opened else {
         if let Some(endpoint) = endpoint {
             endpoint.stop().await;
         }
@@ -45,19 +48,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     // Before the publishers start, so that every message gets its span.
     let traces = Traces::start(config.otlp_traces_url.as_deref(), &config.relay.node_id)?;
-    let relays = start_relays(&config, &outboxes, &broker).await?;
+    let nodes = nodes.into_iter().map(Some).collect();
+    let mut relays = start_relays_holding(&config, &outboxes, &broker, nodes).await?;
+    // Another process took this node after the lock's connection was lost: stop relaying.
+    let node_lost = relays.node_lost();
+    tokio::pin!(node_lost);
     let stores: Vec<(&str, &outbox_store::SeaOrmStore)> = outboxes
         .iter()
         .map(|outbox| (outbox.config.name.as_str(), &outbox.store))
         .collect();
+    let mut taken_over = None;
     let signal = match &endpoint {
         // The readiness probe runs until the first signal and is dropped with it, so it
         // cannot reconnect the broker once the shutdown has closed it.
         Some(endpoint) => tokio::select! {
             signal = signals.next() => signal,
+            holder = &mut node_lost => { taken_over = Some(holder); "node lost" },
             never = endpoint.probe(&stores, &broker, config.max_pending_age) => match never {},
         },
-        None => signals.next().await,
+        None => tokio::select! {
+            signal = signals.next() => signal,
+            holder = &mut node_lost => { taken_over = Some(holder); "node lost" },
+        },
     };
     if let Some(endpoint) = &endpoint {
         endpoint.shutting_down();
@@ -81,7 +93,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(endpoint) = endpoint {
         endpoint.stop().await;
     }
-    Ok(())
+    match taken_over {
+        Some(holder) => Err(ConfigProblem(holder).into()),
+        None => Ok(()),
+    }
 }
 
 /// A stop forced by a second signal: the process ends right after saying so, without
@@ -104,7 +119,7 @@ impl std::error::Error for ForcedStop {}
 async fn open_dependencies(
     config: &Config,
     endpoint: Option<&Endpoint>,
-) -> anyhow::Result<(Vec<OpenOutbox>, Broker)> {
+) -> anyhow::Result<(Vec<OpenOutbox>, Vec<NodeHold>, Broker)> {
     let patience = Patience::from_now(config.startup_timeout, "relay.startup_timeout");
     let urls = config.redacted_database_urls(None);
     let waiting = |dependency| {
@@ -122,6 +137,8 @@ async fn open_dependencies(
     }
     .until_up(|| open_outboxes(config, config.database.migrate_on_start))
     .await?;
+    // Before waiting for the broker: a second process with this node_id is refused at once.
+    let nodes = hold_nodes(config, &outboxes).await?;
     waiting(Some(Dependency::Broker));
     let brokers = config.amqp.redacted_urls();
     let broker = Wait {
@@ -134,5 +151,5 @@ async fn open_dependencies(
     .until_up(|| async { open_broker(config).await })
     .await?;
     waiting(None);
-    Ok((outboxes, broker))
+    Ok((outboxes, nodes, broker))
 }

@@ -44,6 +44,10 @@ fn cause(cause: &(dyn StdError + 'static)) -> Option<Verdict> {
     if cause.is::<ConfigProblem>() {
         return Some(Verdict::Refused);
     }
+    // Another live process runs as this node: a setting to change, not an outage.
+    if let Some(outbox_core::StoreError::NodeTaken(_)) = cause.downcast_ref() {
+        return Some(Verdict::Refused);
+    }
     if let Some(error) = cause.downcast_ref::<outbox_store::Error>() {
         return Some(store_error(error));
     }

@@ -1,0 +1,395 @@
+//! [`NodeLock`]: one live process per `node_id` and outbox table.
+//!
+//! Leases name their node (`locked_by`), and a process starting as a node first clears the
+//! leases its node holds, since they can only be an earlier, dead run's. That holds only
+//! while no other live process runs with the same `node_id`, which a settings file copied
+//! to a second host breaks. So a process takes a lock for the node before it clears or
+//! claims anything, and holds it for its whole life:
+//!
+//! - PostgreSQL: a session advisory lock on a connection of its own;
+//! - MySQL/MariaDB: `GET_LOCK` on a connection of its own;
+//! - SQLite: an exclusive file lock on a file beside the database.
+//!
+//! The server (or the kernel) drops the lock the moment the holder's connection or process
+//! ends, so a process started after a crash takes it at once. A process that finds it held
+//! is refused with [`StoreError::NodeTaken`], naming what is known of the holder.
+
+use crate::dialect::Dialect;
+use crate::sql::TableName;
+use outbox_core::StoreError;
+use sea_orm::sqlx::{self, Connection as _, Row as _};
+use sea_orm::DatabaseConnection;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+/// How often the lock's connection is checked, and a lost lock taken again.
+const KEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The lock of one `node_id` on one outbox table, held until dropped.
+#[derive(Debug)]
+pub struct NodeLock {
+    held: Held,
+    /// Set once another process holds the lock after this one lost it.
+    lost: watch::Receiver<Option<String>>,
+}
+
+#[derive(Debug)]
+enum Held {
+    /// The task that owns the lock's connection; aborting it closes the connection.
+    Session(tokio::task::JoinHandle<()>),
+    /// The locked file: held, never read; closing it unlocks.
+    File { _locked: std::fs::File },
+    /// An in-memory SQLite database: no other process can reach it.
+    Nothing,
+}
+
+impl Drop for NodeLock {
+    fn drop(&mut self) {
+        if let Held::Session(keeper) = &self.held {
+            keeper.abort();
+        }
+    }
+}
+
+impl NodeLock {
+    /// Takes the lock of `node_id` on `table`, or says who holds it.
+    pub async fn take(
+        db: &DatabaseConnection,
+        table: &TableName,
+        node_id: &str,
+    ) -> Result<Self, StoreError> {
+        let key = Key::new(table, node_id);
+        let (tell, lost) = watch::channel(None);
+        let held = match Dialect::of(db) {
+            Dialect::Postgres => {
+                let pool = db.get_postgres_connection_pool().clone();
+                let connection = postgres::take(&pool, &key).await?;
+                Held::Session(tokio::spawn(keep(
+                    connection,
+                    move || {
+                        let pool = pool.clone();
+                        let key = key.clone();
+                        async move { postgres::take(&pool, &key).await }
+                    },
+                    tell,
+                )))
+            }
+            Dialect::MySql => {
+                let pool = db.get_mysql_connection_pool().clone();
+                let connection = mysql::take(&pool, &key).await?;
+                Held::Session(tokio::spawn(keep(
+                    connection,
+                    move || {
+                        let pool = pool.clone();
+                        let key = key.clone();
+                        async move { mysql::take(&pool, &key).await }
+                    },
+                    tell,
+                )))
+            }
+            Dialect::Sqlite => {
+                let options = db.get_sqlite_connection_pool().connect_options();
+                let database = options.get_filename();
+                if database.as_os_str().is_empty() || database == std::path::Path::new(":memory:") {
+                    Held::Nothing
+                } else {
+                    Held::File {
+                        _locked: file::take(database.to_path_buf(), &key)?,
+                    }
+                }
+            }
+        };
+        Ok(Self { held, lost })
+    }
+
+    /// Waits until another process holds the node after this one lost its lock (its
+    /// connection dropped and someone else took the lock meanwhile); says who. Never
+    /// returns while the lock is held.
+    pub fn lost(&self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let mut lost = self.lost.clone();
+        async move {
+            let holder = lost
+                .wait_for(Option::is_some)
+                .await
+                .map(|holder| holder.clone().unwrap_or_default());
+            match holder {
+                Ok(holder) => holder,
+                // No keeper (a file lock, nothing held), or it stopped with the lock.
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+}
+
+/// What the lock is known by: the node and the table, and a 62-bit hash of both.
+#[derive(Debug, Clone)]
+struct Key {
+    node_id: String,
+    table: String,
+    hash: i64,
+}
+
+impl Key {
+    fn new(table: &TableName, node_id: &str) -> Self {
+        // FNV-1a: stable across builds and platforms, unlike std's hasher.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in table
+            .as_str()
+            .bytes()
+            .chain(std::iter::once(0))
+            .chain(node_id.bytes())
+        {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        Self {
+            node_id: node_id.to_owned(),
+            table: table.as_str().to_owned(),
+            hash: (hash & 0x3fff_ffff_ffff_ffff) as i64,
+        }
+    }
+
+    /// The refusal, with what is known of the holder.
+    fn taken(&self, holder: &str) -> StoreError {
+        StoreError::NodeTaken(format!(
+            "node_id {:?} is in use on table {}: another live process holds it ({holder}); \
+             give each process its own relay.node_id (or leave it unset: hostname-pid), or \
+             stop the other process first",
+            self.node_id, self.table
+        ))
+    }
+
+    /// What this process says of itself where the database can show it.
+    fn me() -> String {
+        let host = gethostname::gethostname();
+        let host = host.to_string_lossy();
+        format!("outbox-relay pid {} on {host}", std::process::id())
+    }
+}
+
+fn database(error: sqlx::Error) -> StoreError {
+    StoreError::Database(error.to_string())
+}
+
+/// Checks the lock's connection every [`KEEP_INTERVAL`]; when it fails, takes the lock again
+/// on a new one. If another process holds it by then, says so through `tell` and logs it.
+async fn keep<C, T, F>(connection: C, mut take: T, tell: watch::Sender<Option<String>>)
+where
+    C: sqlx::Connection,
+    T: FnMut() -> F,
+    F: std::future::Future<Output = Result<C, StoreError>>,
+{
+    let mut connection = Some(connection);
+    let mut interval = tokio::time::interval(KEEP_INTERVAL);
+    interval.tick().await;
+    loop {
+        interval.tick().await;
+        if let Some(held) = connection.as_mut() {
+            if held.ping().await.is_ok() {
+                continue;
+            }
+            connection = None;
+            warn!("the connection holding this node's lock was lost; taking the lock again");
+        }
+        match take().await {
+            Ok(taken) => {
+                info!("this node's lock is held again");
+                connection = Some(taken);
+            }
+            Err(StoreError::NodeTaken(holder)) => {
+                error!(%holder, "another process took this node's lock while its connection was lost");
+                let _ = tell.send(Some(holder));
+                return;
+            }
+            // The database is away: the claims fail too; try again at the next tick.
+            Err(_) => {}
+        }
+    }
+}
+
+mod postgres {
+    use super::*;
+    use sea_orm::sqlx::{PgConnection, PgPool};
+
+    /// A connection of its own (detached from the pool, so the pool's lifetime rules do not
+    /// close it) holding the session advisory lock of `key`.
+    pub(super) async fn take(pool: &PgPool, key: &Key) -> Result<PgConnection, StoreError> {
+        let mut connection = pool.acquire().await.map_err(database)?.detach();
+        // Shown in pg_stat_activity, where a refused process reads who holds the lock.
+        let name: String = Key::me().chars().take(63).collect();
+        sqlx::query("SELECT set_config('application_name', $1, false)")
+            .bind(&name)
+            .execute(&mut connection)
+            .await
+            .map_err(database)?;
+        let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(key.hash)
+            .fetch_one(&mut connection)
+            .await
+            .map_err(database)?;
+        if taken {
+            return Ok(connection);
+        }
+        let holder = sqlx::query(
+            "SELECT a.application_name, host(a.client_addr) AS client, \
+             to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS since \
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+             AND ((l.classid::bigint << 32) | l.objid::bigint) = $1",
+        )
+        .bind(key.hash)
+        .fetch_optional(&mut connection)
+        .await
+        .map_err(database)?;
+        let _ = connection.close().await;
+        let described = match holder {
+            Some(row) => {
+                let mut text = String::new();
+                let name: Option<String> = row.try_get("application_name").ok();
+                let client: Option<String> = row.try_get("client").ok().flatten();
+                let since: Option<String> = row.try_get("since").ok().flatten();
+                text.push_str(
+                    name.as_deref()
+                        .filter(|n| !n.is_empty())
+                        .unwrap_or("a session"),
+                );
+                if let Some(client) = client {
+                    let _ = write!(text, ", connected from {client}");
+                }
+                if let Some(since) = since {
+                    let _ = write!(text, ", since {since}");
+                }
+                text
+            }
+            None => "a session this role cannot see".into(),
+        };
+        Err(key.taken(&described))
+    }
+}
+
+mod mysql {
+    use super::*;
+    use sea_orm::sqlx::{MySqlConnection, MySqlPool};
+
+    /// A lock name of at most 64 characters, the server's limit; locks are server-wide, so
+    /// the database's name is part of it.
+    const NAME: &str = "CONCAT('outbox-relay/', LEFT(SHA1(CONCAT(DATABASE(), '/', ?)), 40))";
+
+    /// A connection of its own holding `GET_LOCK` of `key`.
+    pub(super) async fn take(pool: &MySqlPool, key: &Key) -> Result<MySqlConnection, StoreError> {
+        let mut connection = pool.acquire().await.map_err(database)?.detach();
+        let taken: Option<i64> = sqlx::query_scalar(&format!("SELECT GET_LOCK({NAME}, 0)"))
+            .bind(key.hash.to_string())
+            .fetch_one(&mut connection)
+            .await
+            .map_err(database)?;
+        if taken == Some(1) {
+            return Ok(connection);
+        }
+        let holder = sqlx::query(&format!(
+            "SELECT p.ID AS id, p.HOST AS host, p.TIME AS idle FROM information_schema.PROCESSLIST p \
+             WHERE p.ID = IS_USED_LOCK({NAME})"
+        ))
+        .bind(key.hash.to_string())
+        .fetch_optional(&mut connection)
+        .await
+        .map_err(database)?;
+        let _ = connection.close().await;
+        let described = match holder {
+            Some(row) => {
+                let id: u64 = row.try_get("id").unwrap_or_default();
+                let host: String = row.try_get("host").unwrap_or_default();
+                format!("MySQL connection {id} from {host}")
+            }
+            None => "a connection this user cannot see".into(),
+        };
+        Err(key.taken(&described))
+    }
+}
+
+mod file {
+    use super::*;
+    use std::io::{Read as _, Seek as _, Write as _};
+
+    /// `<database>.outbox-relay-<hash>.lock`, locked exclusively; it says who holds it.
+    pub(super) fn take(database: PathBuf, key: &Key) -> Result<std::fs::File, StoreError> {
+        let mut path = database.into_os_string();
+        path.push(format!(".outbox-relay-{:016x}.lock", key.hash));
+        let path = PathBuf::from(path);
+        let cannot = |error: std::io::Error| {
+            StoreError::Database(format!(
+                "cannot open the node lock file {}: {error}",
+                path.display()
+            ))
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(cannot)?;
+        match file.try_lock() {
+            Ok(()) => {
+                let since = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ");
+                let said = format!("{}, since {since}\n", Key::me());
+                file.set_len(0).map_err(cannot)?;
+                file.rewind().map_err(cannot)?;
+                file.write_all(said.as_bytes()).map_err(cannot)?;
+                Ok(file)
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                let holder = if holder.is_empty() {
+                    "a process"
+                } else {
+                    holder
+                };
+                Err(key.taken(&format!("{holder}; lock file {}", path.display())))
+            }
+            Err(std::fs::TryLockError::Error(error)) => Err(cannot(error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_is_stable_and_tells_tables_and_nodes_apart() {
+        let table = TableName::parse("outbox").unwrap();
+        let other = TableName::parse("orders_outbox").unwrap();
+        let a = Key::new(&table, "n1");
+        assert_eq!(a.hash, Key::new(&table, "n1").hash);
+        assert_ne!(a.hash, Key::new(&table, "n2").hash);
+        assert_ne!(a.hash, Key::new(&other, "n1").hash);
+        assert!(a.hash >= 0, "a positive 62-bit key");
+    }
+
+    #[tokio::test]
+    async fn a_second_file_lock_is_refused_and_names_the_holder() {
+        let dir = std::env::temp_dir().join(format!("node-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let database = dir.join("relay.db");
+        let key = Key::new(&TableName::parse("outbox").unwrap(), "n1");
+        let held = file::take(database.clone(), &key).unwrap();
+        let refused = file::take(database.clone(), &key).unwrap_err();
+        let StoreError::NodeTaken(text) = refused else {
+            panic!("expected NodeTaken, got {refused:?}");
+        };
+        assert!(text.contains("\"n1\""), "{text}");
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())),
+            "{text}"
+        );
+        drop(held);
+        file::take(database, &key).expect("free again once the holder closed it");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,124 @@
+//! One live process per `node_id` and table: a second `run` with the node of a live one is
+//! refused (exit 2, naming the node and its holder) and takes none of its leases; after a
+//! SIGKILL the next process with the same node starts and clears the dead one's leases at
+//! once, not after they expire.
+
+use outbox_tests::{
+    assert_room_order, eventually, per_backend, room_events, Backend, FaultProxy, RelayProcess,
+    TestApp, CHILD_DEADLINE,
+};
+use std::time::Duration;
+
+/// A lease far longer than the tests: a row delivered after a kill was released, not
+/// taken over after its lease.
+const LONG_LEASE: &str = "10m";
+
+async fn a_second_process_with_a_live_node_id_is_refused(backend: Backend) {
+    const EVENTS: usize = 200;
+    let seeded = room_events("twin", EVENTS, 10);
+    let app = TestApp::on(backend).seeded(&seeded).build().await;
+    // The first process reaches the broker through a proxy that stalls, so it holds leases
+    // while the second one starts.
+    let (link, broker_url) = FaultProxy::in_front_of(&app.broker.url).await;
+    let settings = app.settings_with(|settings| {
+        settings.relay.lease = LONG_LEASE.into();
+        settings.amqp.url = broker_url;
+    });
+    let node_id = settings.relay.node_id.clone();
+    let first = RelayProcess::spawn(crate::RELAY, &settings);
+    eventually(
+        "the first process relays",
+        Duration::from_secs(60),
+        || async { app.broker.received().len() >= 10 },
+    )
+    .await;
+    link.stall();
+    eventually(
+        "the first process holds rows",
+        Duration::from_secs(30),
+        || async { !app.database.held_by(&node_id).await.is_empty() },
+    )
+    .await;
+
+    let mut second = RelayProcess::spawn(crate::RELAY, &settings);
+    let status = second.wait(CHILD_DEADLINE).await;
+    let log = second.log_text();
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "refused as a configuration error:\n{log}"
+    );
+    assert!(
+        log.contains(&node_id) && log.contains("is in use"),
+        "names the node:\n{log}"
+    );
+    match backend {
+        // The holder's process id and host, from pg_stat_activity or the lock file.
+        Backend::Postgres | Backend::Sqlite => assert!(
+            log.contains(&format!("pid {}", first.pid())),
+            "names the holder's pid:\n{log}"
+        ),
+        Backend::MySql => assert!(log.contains("MySQL connection"), "{log}"),
+    }
+    assert!(!log.contains("released leases"), "{log}");
+
+    link.restore();
+    app.database
+        .wait_all_published(Duration::from_secs(120))
+        .await;
+    first.stop(Duration::from_secs(10)).await;
+    let received = app.broker.drain(Duration::from_secs(10)).await;
+    assert_room_order(&received);
+    app.expect_every_event("twin test", &seeded).await;
+    app.teardown().await;
+}
+
+per_backend!(a_second_process_with_a_live_node_id_is_refused: postgres, mariadb, sqlite);
+
+async fn after_a_kill_the_same_node_id_clears_the_dead_runs_leases_at_once(backend: Backend) {
+    const EVENTS: usize = 200;
+    let seeded = room_events("reborn", EVENTS, 10);
+    let app = TestApp::on(backend).seeded(&seeded).build().await;
+    let (link, broker_url) = FaultProxy::in_front_of(&app.broker.url).await;
+    let settings = app.settings_with(|settings| {
+        settings.relay.lease = LONG_LEASE.into();
+        settings.amqp.url = broker_url;
+    });
+    let node_id = settings.relay.node_id.clone();
+    let mut victim = RelayProcess::spawn(crate::RELAY, &settings);
+    eventually("the victim relays", Duration::from_secs(60), || async {
+        app.broker.received().len() >= 10
+    })
+    .await;
+    link.stall();
+    eventually("the victim holds rows", Duration::from_secs(30), || async {
+        !app.database.held_by(&node_id).await.is_empty()
+    })
+    .await;
+    victim.signal("KILL");
+    victim.wait(CHILD_DEADLINE).await;
+
+    // Same settings, the broker directly: the lock died with the victim.
+    let successor = RelayProcess::spawn(
+        crate::RELAY,
+        &app.settings_with(|s| {
+            s.relay.node_id = node_id.clone();
+            s.relay.lease = LONG_LEASE.into();
+        }),
+    );
+    // Well within the 10-minute lease: released at start, not expired.
+    app.database
+        .wait_all_published(Duration::from_secs(120))
+        .await;
+    let log = successor.log_text();
+    assert!(
+        log.contains("released leases left by an earlier run of this node"),
+        "{log}"
+    );
+    successor.stop(Duration::from_secs(10)).await;
+    app.expect_every_event("reborn test", &seeded).await;
+    drop(link);
+    app.teardown().await;
+}
+
+per_backend!(after_a_kill_the_same_node_id_clears_the_dead_runs_leases_at_once: postgres, mariadb, sqlite);
