@@ -87,6 +87,9 @@ mod settings;
 /// shutting down; a second signal and `relay.shutdown_timeout` forcing exit 1; the same
 /// node clearing its leases at start.
 mod shutdown;
+/// An outbox whose events all fail: stalled on `/readyz`, in `outbox_stalled`, `status`
+/// and one log line with the next step; no longer once its events flow.
+mod stalls;
 /// Starting while the database or the broker is down: waiting with backoff, `/readyz`,
 /// SIGTERM, `relay.startup_timeout`, refusals of the settings (exit code 2), `migrate
 /// --wait`; on PostgreSQL, MariaDB and SQLite (a directory that appears).

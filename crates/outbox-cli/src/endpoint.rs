@@ -8,7 +8,8 @@
 //! - `GET /readyz`: 200 while every outbox's database and the broker are usable and the
 //!   broker does not block publishers (a resource alarm) (and, with
 //!   `relay.max_pending_age`, no outbox's oldest pending row is older than that, unless
-//!   `relay.max_pending_age_readiness` is off), else 503 with a line saying which is not;
+//!   `relay.max_pending_age_readiness` is off) and no outbox is stalled (its events fail
+//!   and none was published for `relay.stall_after`), else 503 with a line saying which is not;
 //!   while `run` waits for a dependency at start, `not ready: waiting for the database`
 //!   (or `the broker`).
 //!
@@ -77,6 +78,9 @@ const BATCH_BUCKETS: &[f64] = &[
 /// The `dependency` labels of `outbox_up`, in the order of [`Health`]'s flags.
 const DEPENDENCIES: [&str; 2] = ["database", "broker"];
 
+/// An outbox's stall state as its relay reports it ([`outbox_relay::Relay::stall`]).
+pub type StallReports = tokio::sync::watch::Receiver<Option<outbox_relay::Stall>>;
+
 /// What `/readyz` reports, written by the probe and read by requests.
 #[derive(Debug, Default)]
 struct Health {
@@ -93,6 +97,8 @@ struct Health {
     /// `backlog older than …` with the late outboxes, while `relay.max_pending_age` is
     /// breached and counts for readiness.
     late: Mutex<Option<String>>,
+    /// `stalled: …` with the stalled outboxes and their reasons (`relay.stall_after`).
+    stalled: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -121,6 +127,14 @@ impl Health {
         }
         if let Some(late) = self.late.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             problems.push(late);
+        }
+        if let Some(stalled) = self
+            .stalled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            problems.push(stalled);
         }
         (!problems.is_empty()).then(|| problems.join(", "))
     }
@@ -290,6 +304,7 @@ impl Endpoint {
         stores: &[(&str, &S)],
         broker: &Broker,
         max_pending_age: Option<MaxPendingAge>,
+        stalls: &[(String, StallReports)],
     ) -> Infallible {
         let mut watched: Vec<_> = stores
             .iter()
@@ -368,6 +383,19 @@ impl Endpoint {
                 self.health.database.store(usable, Ordering::Relaxed);
                 backlog_due = Instant::now() + if usable { BACKLOG_EVERY } else { PROBE_EVERY };
             }
+            let stalled: Vec<String> = stalls
+                .iter()
+                .filter_map(|(outbox, reports)| {
+                    let reason = reports.borrow().as_ref().map(|stall| stall.reason)?;
+                    Some(format!("{outbox} ({reason})"))
+                })
+                .collect();
+            *self
+                .health
+                .stalled
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) =
+                (!stalled.is_empty()).then(|| format!("stalled: {}", stalled.join(", ")));
             let problems = self.health.problems();
             if problems != logged {
                 match &problems {

@@ -98,6 +98,9 @@ pub struct RelayOptions {
     pub retention: Option<Duration>,
     /// Whether a published row is kept (marked) or deleted (the store's mark).
     pub published_rows: PublishedRows,
+    /// Events failing and none published for this long: the outbox is stalled (a log
+    /// line, `outbox_stalled`, `/readyz` 503).
+    pub stall_after: Duration,
 }
 
 /// "1s", "250ms": the way settings spell durations.

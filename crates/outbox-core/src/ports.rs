@@ -190,6 +190,31 @@ pub struct OutboxStats {
     /// such thing. Without it the dead versions of marked rows stay, and so do their index
     /// entries.
     pub autovacuum: Option<bool>,
+    /// The most frequent `last_error`s of pending rows that have failed, with their counts,
+    /// most first ([`OutboxStats::FAILING_ERRORS`] at most): why the backlog does not move.
+    pub failing: Vec<(String, u64)>,
+    /// The oldest pending row that has failed: the head a room waits behind.
+    pub oldest_failing: Option<FailingEvent>,
+}
+
+impl OutboxStats {
+    /// How many of the most frequent errors [`OutboxStats::failing`] holds.
+    pub const FAILING_ERRORS: usize = 5;
+}
+
+/// A pending event whose last attempt failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailingEvent {
+    /// Its event id.
+    pub event_id: String,
+    /// Its ordering key (room).
+    pub key: String,
+    /// Failed attempts that counted.
+    pub retry_count: i32,
+    /// Its last failure.
+    pub last_error: String,
+    /// When the producer wrote it.
+    pub created_at: DateTime<Utc>,
 }
 
 /// How much disk an outbox table takes, indexes included.

@@ -92,6 +92,14 @@ impl RetryPolicy {
         }
     }
 
+    /// The longest wait before a next attempt: the fixed interval, or the exponential cap.
+    pub fn longest_delay(&self) -> Duration {
+        match self.strategy {
+            RetryStrategy::FixedInterval => self.interval,
+            RetryStrategy::Exponential => self.max_interval,
+        }
+    }
+
     /// The wait before the next attempt of an event with `retry_count` failed attempts.
     fn delay(&self, retry_count: i32) -> Duration {
         match self.strategy {

@@ -33,6 +33,9 @@ pub const CLAIM_BATCH_SIZE: &str = "outbox_claim_batch_size";
 pub const CLAIM_DURATION: &str = "outbox_claim_seconds";
 /// Histogram: outcomes per committed flush of the Marker.
 pub const MARK_BATCH_SIZE: &str = "outbox_mark_batch_size";
+/// Gauge, label `reason` ([`PublishError::reason`]): 1 while the outbox is stalled for
+/// that reason (events fail and none was published for `relay.stall_after`), else 0.
+pub const STALLED: &str = "outbox_stalled";
 
 /// Gauge, label `dependency` (`database` or `broker`): 1 while the endpoint's probe finds
 /// it usable, else 0; the flags `/readyz` reads. Set by the binary's endpoint.
@@ -86,6 +89,10 @@ pub fn describe() {
         "1 while the broker blocks publishers (a resource alarm; publishing paused), else 0."
     );
     describe_gauge!(BUILD_INFO, "Always 1; the labels name the running build.");
+    describe_gauge!(
+        STALLED,
+        "1 while the outbox is stalled for the reason: its events fail and none was published for relay.stall_after."
+    );
     describe_gauge!(
         PENDING_AGE_EXCEEDED,
         "1 while the oldest pending row is older than relay.max_pending_age, else 0."
@@ -213,6 +220,30 @@ impl OutcomeCounters {
             if n > 0 {
                 counter.increment(n);
             }
+        }
+    }
+}
+
+/// `outbox_stalled`, one gauge per reason, all 0 until a stall.
+pub(crate) struct StallGauges {
+    /// One per [`PublishError::REASONS`], same order.
+    gauges: [metrics::Gauge; PublishError::REASONS.len()],
+}
+
+impl StallGauges {
+    pub(crate) fn new(outbox: &str) -> Self {
+        let gauges = PublishError::REASONS.map(|reason| {
+            let gauge = metrics::gauge!(STALLED, "reason" => reason, "outbox" => outbox.to_owned());
+            gauge.set(0.0);
+            gauge
+        });
+        Self { gauges }
+    }
+
+    /// Stalled for `reason`, or (`None`) not stalled.
+    pub(crate) fn set(&self, reason: Option<&str>) {
+        for (known, gauge) in PublishError::REASONS.iter().zip(&self.gauges) {
+            gauge.set(f64::from(u8::from(Some(*known) == reason)));
         }
     }
 }

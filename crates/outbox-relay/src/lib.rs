@@ -20,6 +20,8 @@
 //!   wakes the Scheduler on each, reconnecting with backoff.
 //! - [`janitor`]: beside the pipeline, when `relay.retention` is set: deletes published
 //!   rows past the retention in bounded batches.
+//! - [`stall`]: whether an outbox's events keep failing while none is published (the
+//!   Marker feeds it; `/readyz`, `outbox_stalled` and one log line show it).
 //! - [`relay`]: wires the actors and shuts them down in order.
 //! - [`instruments`]: the metrics the actors record (names, and handles resolved once).
 
@@ -33,6 +35,7 @@ pub mod marker;
 pub mod publisher;
 pub mod relay;
 pub mod scheduler;
+pub mod stall;
 mod waiters;
 
 pub use fetcher::{
@@ -44,6 +47,7 @@ pub use marker::{FlushAndStop, Marker, Outcome};
 pub use publisher::{Drain, Publish, Publisher, Unhold};
 pub use relay::{Relay, Relays, ShutdownError};
 pub use scheduler::{Scheduler, Wake};
+pub use stall::Stall;
 
 #[cfg(test)]
 mod fakes;

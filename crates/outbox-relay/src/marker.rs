@@ -1,7 +1,8 @@
 //! [`Marker`]: the single writer of outcomes.
 
 use crate::fetcher::Marked;
-use crate::instruments::OutcomeCounters;
+use crate::instruments::{OutcomeCounters, StallGauges};
+use crate::stall::{Stall, StallChange, StallWatch};
 use crate::waiters::Waiters;
 use actix::prelude::*;
 use chrono::Utc;
@@ -10,7 +11,8 @@ use outbox_core::{
     OutcomeKind, RetryPolicy,
 };
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
 /// What became of one claimed record (from a Publisher).
@@ -47,6 +49,9 @@ pub struct MarkerOptions {
     pub max_batch: usize,
     /// Otherwise flush this long after the first outcome arrived.
     pub max_delay: Duration,
+    /// `relay.stall_after`: failures and no event published for this long stall the
+    /// outbox ([`crate::stall`]).
+    pub stall_after: Duration,
 }
 
 /// What a flush writes for one row. Its log line's `status`: `published`, `pending`,
@@ -116,7 +121,16 @@ pub struct Marker {
     counters: OutcomeCounters,
     /// Rows released after the shutdown began: said once, when the Marker stops.
     released_on_shutdown: usize,
+    /// Progress and failures, for the stall state.
+    stall: StallWatch,
+    /// The stall state, for `/readyz` ([`Marker::stall_reports`]).
+    stalls: watch::Sender<Option<Stall>>,
+    /// `outbox_stalled`.
+    stall_gauges: StallGauges,
 }
+
+/// How often the stall state is looked at.
+const STALL_CHECK: Duration = Duration::from_secs(1);
 
 /// Retries of a failed flush: 100 ms doubling to 5 s, jittered.
 const BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
@@ -129,6 +143,12 @@ impl Marker {
         options: MarkerOptions,
     ) -> Self {
         let counters = OutcomeCounters::new(&options.outbox);
+        let stall = StallWatch::new(
+            options.stall_after,
+            options.retry.longest_delay(),
+            Instant::now(),
+        );
+        let stall_gauges = StallGauges::new(&options.outbox);
         Self {
             store,
             fetcher,
@@ -140,6 +160,45 @@ impl Marker {
             drained: Waiters::default(),
             counters,
             released_on_shutdown: 0,
+            stall,
+            stalls: watch::channel(None).0,
+            stall_gauges,
+        }
+    }
+
+    /// The stall state as it changes: `Some` while the outbox is stalled.
+    pub fn stall_reports(&self) -> watch::Receiver<Option<Stall>> {
+        self.stalls.subscribe()
+    }
+
+    /// Looks whether the outbox stalled or moves again; says so once.
+    fn check_stall(&mut self) {
+        let Some(change) = self.stall.check(Instant::now()) else {
+            return;
+        };
+        let (worker, outbox) = (&self.options.worker, &self.options.outbox);
+        match change {
+            StallChange::Began(stall) => {
+                warn!(
+                    worker = %worker,
+                    outbox = %outbox,
+                    node_id = %self.options.node_id,
+                    reason = stall.reason,
+                    failures = stall.failures,
+                    stalled_for = ?stall.for_,
+                    event_id = %stall.event_id,
+                    error = %stall.error,
+                    next_step = stall.next_step(),
+                    "outbox stalled: events keep failing and none was published"
+                );
+                self.stall_gauges.set(Some(stall.reason));
+                self.stalls.send_replace(Some(stall));
+            }
+            StallChange::Ended => {
+                info!(worker = %worker, outbox = %outbox, node_id = %self.options.node_id, "outbox no longer stalled");
+                self.stall_gauges.set(None);
+                self.stalls.send_replace(None);
+            }
         }
     }
 
@@ -284,6 +343,18 @@ impl Marker {
     }
 
     fn log_committed(&mut self, decided: &[Decided]) {
+        let now = Instant::now();
+        for done in decided {
+            match &done.resolution {
+                Resolution::Published => self.stall.published(now),
+                Resolution::Retried { reason, error }
+                | Resolution::Deferred { reason, error }
+                | Resolution::Dead { reason, error } => {
+                    self.stall.failed(now, reason, error, &done.record.event_id)
+                }
+                Resolution::Released => {}
+            }
+        }
         if !self.drained.is_empty() {
             self.released_on_shutdown += decided
                 .iter()
@@ -405,6 +476,10 @@ fn unheld_rooms(decided: &[Decided]) -> Vec<(String, usize)> {
 impl Actor for Marker {
     type Context = Context<Self>;
 
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(STALL_CHECK, |marker, _| marker.check_stall());
+    }
+
     fn stopping(&mut self, _: &mut Self::Context) -> Running {
         if self.waiting.is_empty() && self.flushing.is_none() {
             Running::Stop
@@ -456,6 +531,7 @@ mod tests {
             max_batch,
             // Long enough that only the batch size or a drain triggers a flush.
             max_delay: Duration::from_secs(3600),
+            stall_after: Duration::from_secs(60),
         }
     }
 
@@ -464,8 +540,19 @@ mod tests {
         record.retry_count = retry_count;
         Outcome {
             record,
-            kind: OutcomeKind::Failed(PublishError::Timeout(Duration::from_secs(3))),
+            kind: OutcomeKind::Failed(PublishError::Nacked {
+                exchange: "x".into(),
+                routing_key: "k".into(),
+            }),
             bytes: 2,
+        }
+    }
+
+    /// A publish that timed out (the broker's doing, not the event's).
+    fn timed_out(id: i64, retry_count: i32) -> Outcome {
+        Outcome {
+            kind: OutcomeKind::Failed(PublishError::Timeout(Duration::from_secs(3))),
+            ..failed(id, retry_count)
         }
     }
 
@@ -494,7 +581,7 @@ mod tests {
         assert_eq!(batches[0].published, vec![1, 2]);
         assert_eq!(batches[0].retried.len(), 1);
         assert!(
-            batches[0].retried[0].0.error.contains("no confirm"),
+            batches[0].retried[0].0.error.contains("nacked"),
             "{:?}",
             batches[0].retried
         );
@@ -538,6 +625,57 @@ mod tests {
             vec![1]
         );
         assert_eq!(batch.dead.iter().map(|f| f.id).collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[actix_rt::test]
+    async fn an_outage_never_turns_an_event_dead_nor_costs_it_an_attempt() {
+        let store = Arc::new(FakeStore::default());
+        let (fetcher, _marked) = Collector::<Marked>::start();
+        let marker = Marker::new(store.clone(), fetcher.recipient(), options(2, 3)).start();
+        marker.do_send(timed_out(1, 0));
+        marker.do_send(timed_out(2, 7));
+        eventually("a committed batch", DEADLINE, || {
+            !store.committed().is_empty()
+        })
+        .await;
+        let batch = &store.committed()[0];
+        assert!(
+            batch.dead.is_empty() && batch.retried.is_empty(),
+            "{batch:?}"
+        );
+        assert_eq!(
+            batch.deferred.iter().map(|(f, _)| f.id).collect::<Vec<_>>(),
+            vec![1, 2],
+            "deferred, attempts kept"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn failures_with_nothing_published_stall_the_outbox_and_a_publish_ends_it() {
+        let store = Arc::new(FakeStore::default());
+        let (fetcher, _marked) = Collector::<Marked>::start();
+        let mut options = options(1, 0);
+        options.stall_after = Duration::ZERO;
+        // A failure counts for the stall until a retry is overdue.
+        options.retry.interval = Duration::from_secs(60);
+        let marker = Marker::new(store.clone(), fetcher.recipient(), options);
+        let mut stalls = marker.stall_reports();
+        let marker = marker.start();
+        marker.do_send(failed(1, 0));
+        let stalled = tokio::time::timeout(DEADLINE, stalls.wait_for(Option::is_some))
+            .await
+            .expect("stalled within the deadline")
+            .unwrap()
+            .clone()
+            .unwrap();
+        assert_eq!(stalled.reason, "nacked");
+        assert_eq!(stalled.failures, 1);
+        assert!(stalled.error.contains("nacked"), "{stalled:?}");
+        marker.do_send(published(2));
+        tokio::time::timeout(DEADLINE, stalls.wait_for(Option::is_none))
+            .await
+            .expect("moving again within the deadline")
+            .unwrap();
     }
 
     /// Log output of the current thread, as JSON lines.

@@ -54,6 +54,8 @@ pub struct Relay {
     _node: NodeHold,
     /// Resolves if the hold was lost and another process took the node.
     node_lost: Option<NodeLost>,
+    /// The Marker's stall state.
+    stall: tokio::sync::watch::Receiver<Option<crate::Stall>>,
 }
 
 /// Resolves, with what is known of the other process, if another process took the node.
@@ -110,9 +112,11 @@ impl Relay {
                 // a bound that keeps its id lists within every backend's placeholder limit.
                 max_batch: max_in_flight.min(MAX_FLUSH),
                 max_delay: MARK_DELAY,
+                stall_after: options.stall_after,
             },
-        )
-        .start();
+        );
+        let stall = marker.stall_reports();
+        let marker = marker.start();
         let publishers: Vec<Addr<Publisher>> = ports
             .iter()
             .map(|port| {
@@ -182,6 +186,7 @@ impl Relay {
             listener: None,
             _node: node,
             node_lost,
+            stall,
         })
     }
 
@@ -263,6 +268,11 @@ impl Relay {
     /// The options it runs with.
     pub fn options(&self) -> &RelayOptions {
         &self.options
+    }
+
+    /// Whether the outbox is stalled ([`crate::stall`]), as it changes.
+    pub fn stall(&self) -> tokio::sync::watch::Receiver<Option<crate::Stall>> {
+        self.stall.clone()
     }
 
     /// Takes the future that resolves if this process lost its hold on the node and

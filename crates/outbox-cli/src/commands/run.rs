@@ -53,6 +53,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Another process took this node after the lock's connection was lost: stop relaying.
     let node_lost = relays.node_lost();
     tokio::pin!(node_lost);
+    let stalls: Vec<_> = relays
+        .relays()
+        .iter()
+        .map(|relay| (relay.options().outbox.clone(), relay.stall()))
+        .collect();
     let stores: Vec<(&str, &outbox_store::SeaOrmStore)> = outboxes
         .iter()
         .map(|outbox| (outbox.config.name.as_str(), &outbox.store))
@@ -64,7 +69,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(endpoint) => tokio::select! {
             signal = signals.next() => signal,
             holder = &mut node_lost => { taken_over = Some(holder); "node lost" },
-            never = endpoint.probe(&stores, &broker, config.max_pending_age) => match never {},
+            never = endpoint.probe(&stores, &broker, config.max_pending_age, &stalls) => match never {},
         },
         None => tokio::select! {
             signal = signals.next() => signal,

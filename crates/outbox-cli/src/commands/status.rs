@@ -6,8 +6,9 @@ use crate::startup::open_selected;
 use outbox_core::{OutboxStats, OutboxStore};
 use serde_json::{json, Map, Value};
 
-/// Prints counts by status, the oldest pending age, claimed rows per node, expired leases
-/// and the table's size, per outbox, and a hint when published rows pile up without
+/// Prints counts by status, the oldest pending age, claimed rows per node, expired leases,
+/// the pending rows' most frequent failures and the oldest failing event, and the table's
+/// size, per outbox, and a hint when published rows pile up without
 /// `relay.retention`.
 pub async fn status(config: Config, args: StatusArgs) -> anyhow::Result<()> {
     let outboxes = open_selected(&config, args.outbox.as_deref(), false).await?;
@@ -53,6 +54,21 @@ fn print_stats(stats: &OutboxStats) -> Result<(), super::OutputError> {
     }
     for (node, rows) in &stats.claimed {
         say!("claimed by       {node}: {rows}")?;
+    }
+    // Why the backlog does not move: the pending rows' most frequent failures.
+    for (error, count) in &stats.failing {
+        say!("failing          {count} × {error}")?;
+    }
+    if let Some(event) = &stats.oldest_failing {
+        let age = (chrono::Utc::now() - event.created_at).num_milliseconds() as f64 / 1000.0;
+        say!(
+            "oldest failing   {} (key {}, {:.1} s old, {} attempts counted): {}",
+            event.event_id,
+            event.key,
+            age.max(0.0),
+            event.retry_count,
+            event.last_error
+        )?;
     }
     match stats.size {
         Some(size) => say!(
@@ -142,6 +158,14 @@ fn as_json(all: &[(&crate::settings::OutboxConfig, OutboxStats)]) -> Value {
             "table_bytes": stats.size.map(|size| size.bytes),
             "table_bytes_method": stats.size.map(|size| size.method),
             "autovacuum": stats.autovacuum,
+            "failing": stats.failing.iter().map(|(error, count)| json!({"error": error, "count": count})).collect::<Vec<_>>(),
+            "oldest_failing": stats.oldest_failing.as_ref().map(|event| json!({
+                "event_id": event.event_id,
+                "key": event.key,
+                "retry_count": event.retry_count,
+                "last_error": event.last_error,
+                "created_at": event.created_at.to_rfc3339(),
+            })),
         })
     };
     if let [(outbox, stats)] = all {
@@ -217,6 +241,8 @@ mod tests {
                 bytes: 4_600_000_000,
                 method: "pg_total_relation_size",
             }),
+            failing: Vec::new(),
+            oldest_failing: None,
         }
     }
 

@@ -330,6 +330,9 @@ pub struct RelaySettings {
     pub max_pending_age: Field<Span>,
     /// Whether a breach of `max_pending_age` makes `/readyz` answer 503.
     pub max_pending_age_readiness: bool,
+    /// Events failing and none published for this long: the outbox is stalled (`/readyz`
+    /// 503, `outbox_stalled`, one log line); blank or zero: the default.
+    pub stall_after: Field<Span>,
     /// How long `run` waits at start for the database and the broker while they are
     /// unreachable; blank or zero: as long as it takes.
     pub startup_timeout: Field<Span>,
@@ -438,6 +441,7 @@ impl Default for RelaySettings {
             published_rows: "keep".into(),
             max_pending_age: "".into(),
             max_pending_age_readiness: true,
+            stall_after: "1m".into(),
             startup_timeout: "".into(),
         }
     }

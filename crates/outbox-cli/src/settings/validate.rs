@@ -240,6 +240,8 @@ impl RelaySettings {
             &self.retry_max_interval,
             &defaults.retry_max_interval,
         );
+        let stall_after =
+            check.duration_or_default("stall_after", &self.stall_after, &defaults.stall_after);
         let retry_interval = check.duration("retry_interval", &self.retry_interval);
         let retry_strategy = if self.retry_strategy.is_blank() {
             Some(builtin(&defaults.retry_strategy))
@@ -278,6 +280,7 @@ impl RelaySettings {
             shutdown_timeout: shutdown_timeout?,
             retention: retention?,
             published_rows: published_rows?,
+            stall_after: stall_after?,
         })
     }
 }

@@ -11,6 +11,9 @@ pub enum State {
     Unreachable(String),
     /// `outbox_up` is 0 for these dependencies (`database`, `broker`).
     Down(Vec<&'static str>),
+    /// The outbox's events keep failing and none was published (`outbox_stalled`, the
+    /// reason).
+    Stalled(String),
     /// The broker blocks its publishers (a resource alarm).
     Blocked,
     /// Up, not blocked.
@@ -22,6 +25,7 @@ impl std::fmt::Display for State {
         match self {
             Self::Unreachable(why) => write!(f, "unreachable: {why}"),
             Self::Down(what) => write!(f, "{} down", what.join("+")),
+            Self::Stalled(reason) => write!(f, "stalled: {reason}"),
             Self::Blocked => f.write_str("blocked"),
             Self::Up => f.write_str("up"),
         }
@@ -125,7 +129,11 @@ pub fn rows(windows: &[Window<'_>]) -> Vec<Row> {
                     .filter(|_| pending.is_some_and(|p| p > 0.0)),
                 dead: Some(figures.dead),
                 p99: earlier.and_then(|(_, then)| quantile(0.99, &then.latency, &figures.latency)),
-                state: state.clone(),
+                // A node whose links are down says that first; else a stalled outbox.
+                state: match (&state, &figures.stalled) {
+                    (State::Up | State::Blocked, Some(reason)) => State::Stalled(reason.clone()),
+                    _ => state.clone(),
+                },
             });
         }
     }
@@ -296,6 +304,7 @@ mod tests {
                 pending: Some(pending),
                 oldest_age: Some(oldest),
                 latency: vec![(0.01, published), (f64::INFINITY, published)],
+                stalled: None,
             },
         );
         node
@@ -303,6 +312,33 @@ mod tests {
 
     fn look(at: Instant, figures: Result<NodeFigures, String>) -> Look {
         Look { at, figures }
+    }
+
+    #[test]
+    fn a_stalled_outbox_says_so_and_comes_before_the_ones_that_move() {
+        let at = Instant::now();
+        let mut stalled = node("s", 0.0, 50.0, 90.0);
+        stalled.outboxes.get_mut("orders").unwrap().stalled = Some("unroutable".into());
+        let (s, a) = (
+            look(at, Ok(stalled)),
+            look(at, Ok(node("a", 10.0, 500.0, 900.0))),
+        );
+        let windows = [
+            Window {
+                shown: "a:1",
+                earlier: None,
+                latest: &a,
+            },
+            Window {
+                shown: "s:1",
+                earlier: None,
+                latest: &s,
+            },
+        ];
+        let rows = rows(&windows);
+        assert_eq!(rows[0].node, "s");
+        assert_eq!(rows[0].state.to_string(), "stalled: unroutable");
+        assert_eq!(rows[1].state, State::Up);
     }
 
     #[test]

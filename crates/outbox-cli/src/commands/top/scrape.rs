@@ -85,6 +85,8 @@ pub struct OutboxFigures {
     pub oldest_age: Option<f64>,
     /// `outbox_commit_to_confirm_seconds` buckets: (upper bound, cumulative count).
     pub latency: Vec<(f64, f64)>,
+    /// The reason whose `outbox_stalled` is 1, while the outbox is stalled.
+    pub stalled: Option<String>,
 }
 
 /// The relay's series in a `/metrics` text.
@@ -127,6 +129,9 @@ pub fn figures(text: &str) -> anyhow::Result<NodeFigures> {
                     instruments::EVENTS_DEAD => figures.dead += value,
                     instruments::PENDING_EVENTS => figures.pending = Some(value),
                     instruments::OLDEST_PENDING_AGE => figures.oldest_age = Some(value),
+                    instruments::STALLED if on => {
+                        figures.stalled = sample.labels.get("reason").map(str::to_owned)
+                    }
                     _ => {}
                 }
             }
@@ -212,6 +217,9 @@ outbox_up{node_id="n1",dependency="database"} 1
 outbox_up{node_id="n1",dependency="broker"} 0
 # TYPE outbox_broker_blocked gauge
 outbox_broker_blocked{node_id="n1"} 0
+# TYPE outbox_stalled gauge
+outbox_stalled{node_id="n1",outbox="orders",reason="timeout"} 0
+outbox_stalled{node_id="n1",outbox="orders",reason="unroutable"} 1
 # TYPE outbox_commit_to_confirm_seconds histogram
 outbox_commit_to_confirm_seconds_bucket{node_id="n1",outbox="orders",le="0.01"} 100
 outbox_commit_to_confirm_seconds_bucket{node_id="n1",outbox="orders",le="0.1"} 110
@@ -235,6 +243,7 @@ process_cpu_seconds_total{node_id="n1"} 4
         assert_eq!(orders.dead, 1.0);
         assert_eq!(orders.pending, Some(42.0));
         assert_eq!(orders.oldest_age, Some(7.5));
+        assert_eq!(orders.stalled.as_deref(), Some("unroutable"));
         assert_eq!(
             orders.latency,
             [(0.01, 100.0), (0.1, 110.0), (f64::INFINITY, 120.0)]

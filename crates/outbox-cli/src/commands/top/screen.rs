@@ -25,7 +25,9 @@ pub fn draw(frame: &mut Frame<'_>, rows: &[Row], title: &str) {
         .style(Style::new().add_modifier(Modifier::REVERSED));
     let body = rows.iter().map(|row| {
         let style = match row.state {
-            State::Unreachable(_) | State::Down(_) => Style::new().fg(Color::Red),
+            State::Unreachable(_) | State::Down(_) | State::Stalled(_) => {
+                Style::new().fg(Color::Red)
+            }
             State::Blocked => Style::new().fg(Color::Yellow),
             State::Up => Style::new(),
         };
@@ -48,7 +50,7 @@ pub fn draw(frame: &mut Frame<'_>, rows: &[Row], title: &str) {
     );
     frame.render_widget(
         Paragraph::new(
-            "q: quit   rows: worst first (unreachable, down, blocked, then the oldest backlog)",
+            "q: quit   rows: worst first (unreachable, down, stalled, blocked, then the oldest backlog)",
         ),
         bottom,
     );
