@@ -193,13 +193,16 @@ async fn a_broker_refusing_the_password_the_vhost_or_the_exchange_type_is_exit_2
         &["amqp.url", &app.broker.exchange, "PRECONDITION_FAILED"],
         WRONG,
     );
-    // Checking created nothing: a missing exchange is a note, and still missing after.
+    // Checking created nothing: a missing exchange is a warning naming the usual cause (a
+    // typo), and still missing after.
     let missing = unique_name("e2e.missing");
     let settings = app.settings_with(|settings| settings.amqp.exchange = missing.clone());
     let output = run_binary(crate::RELAY, &settings, &["check-config"]);
     let out = outbox_tests::output::succeeded("a missing exchange", &output);
     assert!(
-        out.contains(&format!("exchange {missing:?} does not exist yet")),
+        out.contains(&format!(
+            "# warning: exchange {missing:?} does not exist yet: `run` will create it"
+        )) && out.contains("check amqp.exchange for a typo"),
         "{out}"
     );
     let output = run_binary(crate::RELAY, &settings, &["check-config"]);

@@ -193,9 +193,14 @@ pub async fn check_brokers(config: &Config) -> anyhow::Result<Vec<String>> {
             let (exchange, kind) = (&checked.exchange, &checked.kind);
             match checked.state {
                 ExchangeState::Fits => say!("#   exchange {exchange:?} ({kind}) fits")?,
+                // A typo in amqp.exchange is the usual reason: said plainly, since the
+                // exchange `run` creates has no queue bound and every event comes back
+                // unroutable.
                 ExchangeState::Declared => say!(
-                    "# note: exchange {exchange:?} does not exist yet; `run` declares it \
-                     ({kind}, amqp.declare_exchange)"
+                    "# warning: exchange {exchange:?} does not exist yet: `run` will create \
+                     it ({kind}, amqp.declare_exchange), with no queue bound, so its events \
+                     come back unroutable until one is; if it should exist, check \
+                     amqp.exchange for a typo"
                 )?,
                 ExchangeState::Missing => say!(
                     "# warning: exchange {exchange:?} does not exist and \
