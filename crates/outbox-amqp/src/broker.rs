@@ -534,7 +534,8 @@ impl Link {
                 self.exchanges.lock().unwrap().insert(exchange.to_owned());
                 Ok(())
             }
-            // The broker answered: no such exchange, or one of another type.
+            // The broker answered: no such exchange (a passive declare checks the name only;
+            // an exchange of another type is refused at start, by the declaration).
             Err(error) if matches!(error.kind(), lapin::ErrorKind::ProtocolError(_)) => {
                 Err(PublishError::NoExchange {
                     exchange: exchange.to_owned(),

@@ -43,7 +43,8 @@ pub enum PublishError {
         /// Routing key published with.
         routing_key: String,
     },
-    /// The exchange does not exist (or exists with another type): the broker refused it.
+    /// The exchange does not exist: the broker refused it (a passive check, or the channel
+    /// closed with NOT_FOUND naming it).
     #[error("exchange {exchange:?} is missing or not usable: {detail}")]
     NoExchange {
         /// Exchange published to.

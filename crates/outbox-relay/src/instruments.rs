@@ -13,8 +13,8 @@ use std::time::Duration;
 
 /// Counter: events whose `published` outcome is committed.
 pub const EVENTS_PUBLISHED: &str = "outbox_events_published_total";
-/// Counter, label `reason` ([`PublishError::reason`]): committed failed attempts, retried
-/// or dead.
+/// Counter, label `reason` ([`PublishError::reason`]): committed failed attempts, retried,
+/// deferred (the broker's doing: no attempt counted) or dead.
 pub const EVENTS_FAILED: &str = "outbox_events_failed_total";
 /// Counter: events whose `dead` outcome is committed.
 pub const EVENTS_DEAD: &str = "outbox_events_dead_total";
@@ -63,7 +63,7 @@ pub fn describe() {
     describe_counter!(
         EVENTS_FAILED,
         Unit::Count,
-        "Failed publish attempts by reason (committed outcomes), whether retried or dead."
+        "Failed publish attempts by reason (committed outcomes): retried, deferred or dead."
     );
     describe_counter!(
         EVENTS_DEAD,

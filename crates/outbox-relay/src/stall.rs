@@ -22,7 +22,7 @@ pub struct Stall {
     pub error: String,
     /// Its event.
     pub event_id: String,
-    /// How long since the last event published (or since the start).
+    /// How long its events have failed with none published.
     pub for_: Duration,
 }
 
@@ -78,6 +78,9 @@ pub(crate) struct StallWatch {
     quiet: Duration,
     /// The last event published, or the start.
     progress: Instant,
+    /// The first failure since `progress`: the stall's clock starts there, so an outbox
+    /// idle for long is not stalled by its first failure.
+    first_failure: Option<Instant>,
     /// Failures since `progress`, by [`PublishError::REASONS`] index.
     failures: [u64; PublishError::REASONS.len()],
     /// The last failure of each reason since `progress`: when, `last_error`, event id.
@@ -92,6 +95,7 @@ impl StallWatch {
             after,
             quiet: after + longest_retry,
             progress: now,
+            first_failure: None,
             failures: [0; PublishError::REASONS.len()],
             last: Default::default(),
             stalled: None,
@@ -101,6 +105,7 @@ impl StallWatch {
     /// An event was published.
     pub(crate) fn published(&mut self, now: Instant) {
         self.progress = now;
+        self.first_failure = None;
         self.failures = [0; PublishError::REASONS.len()];
         self.last = Default::default();
     }
@@ -108,6 +113,7 @@ impl StallWatch {
     /// An event failed with `reason`, written as `error`.
     pub(crate) fn failed(&mut self, now: Instant, reason: &str, error: &str, event_id: &str) {
         if let Some(index) = PublishError::REASONS.iter().position(|r| *r == reason) {
+            self.first_failure.get_or_insert(now);
             self.failures[index] += 1;
             self.last[index] = Some((now, error.to_owned(), event_id.to_owned()));
         }
@@ -123,7 +129,11 @@ impl StallWatch {
                 Some(StallChange::Ended)
             }
             Some(_) => None,
-            None if failing && now.duration_since(self.progress) >= self.after => {
+            None if failing
+                && self
+                    .first_failure
+                    .is_some_and(|first| now.duration_since(first) >= self.after) =>
+            {
                 let (index, failures) = self
                     .failures
                     .iter()
@@ -138,7 +148,7 @@ impl StallWatch {
                     failures,
                     error,
                     event_id,
-                    for_: now.duration_since(self.progress),
+                    for_: now.duration_since(self.first_failure.unwrap_or(self.progress)),
                 }))
             }
             None => None,
@@ -178,6 +188,19 @@ mod tests {
     }
 
     #[test]
+    fn the_first_failure_after_a_long_idle_time_does_not_stall_at_once() {
+        let start = Instant::now();
+        let mut watch = StallWatch::new(AFTER, RETRY, start);
+        watch.failed(start + secs(3600), "nacked", "nacked", "e1");
+        assert_eq!(watch.check(start + secs(3601)), None);
+        watch.failed(start + secs(3650), "nacked", "nacked", "e1");
+        assert!(
+            matches!(watch.check(start + secs(3660)), Some(StallChange::Began(stall)) if stall.for_ == secs(60)),
+            "a minute of failures"
+        );
+    }
+
+    #[test]
     fn an_idle_outbox_or_one_that_publishes_never_stalls() {
         let start = Instant::now();
         let mut watch = StallWatch::new(AFTER, RETRY, start);
@@ -192,13 +215,14 @@ mod tests {
         let start = Instant::now();
         let mut watch = StallWatch::new(AFTER, RETRY, start);
         watch.failed(start + secs(30), "channel", "closed", "e1");
+        watch.failed(start + secs(85), "channel", "closed", "e1");
         assert!(matches!(
-            watch.check(start + secs(60)),
+            watch.check(start + secs(90)),
             Some(StallChange::Began(_))
         ));
-        assert_eq!(watch.check(start + secs(30 + 69)), None);
+        assert_eq!(watch.check(start + secs(85 + 69)), None);
         assert_eq!(
-            watch.check(start + secs(30 + 70)),
+            watch.check(start + secs(85 + 70)),
             Some(StallChange::Ended),
             "no failure for stall_after plus the longest retry"
         );
