@@ -1,10 +1,10 @@
-//! Adopting a live Debezium-shaped table online (issue 29), through the real binary:
+//! Adopting a live Debezium-shaped table online, through the real binary:
 //! `migrate` waits out a lock a long transaction holds without making the producer's
 //! inserts queue behind it; it numbers the existing rows while a producer inserts, and
 //! the relay then delivers every row in position order per key; `migrate --dry-run` says
 //! what each step locks and for how long; the `worker` log field names the outbox.
 
-use outbox_cli::settings::{OutboxSettings, Settings};
+use outbox_relay::settings::{OutboxSettings, Settings};
 use outbox_store::TableName;
 use outbox_tests::output::{stderr, succeeded};
 use outbox_tests::producer_table::{ProducerTable as Fixture, TableGuard};
@@ -784,7 +784,7 @@ async fn the_worker_field_names_the_outbox() {
     seed(&database, &[outbox_tests::event("alone-1", "a")]).await;
     let mut settings = test_settings(&database, &broker, |settings| {
         settings.log.format = "json".into();
-        settings.log.level = "info,outbox_relay=debug".into();
+        settings.log.level = "info,outbox_pipeline=debug".into();
     });
     assert_eq!(settings.relay.name, "", "relay.name blank by default");
     let file = SettingsFile::write(&settings);

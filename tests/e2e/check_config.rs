@@ -19,7 +19,7 @@ fn closed_port() -> u16 {
 
 /// Runs `check-config` with `settings` and expects exit code 2 within a few seconds, its
 /// error naming each of `names` and containing no `secret`.
-fn refused(what: &str, settings: &outbox_cli::settings::Settings, names: &[&str], secret: &str) {
+fn refused(what: &str, settings: &outbox_relay::settings::Settings, names: &[&str], secret: &str) {
     let started = Instant::now();
     let output = run_binary(crate::RELAY, settings, &["check-config"]);
     let took = started.elapsed();

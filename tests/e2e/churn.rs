@@ -7,7 +7,7 @@
 //! The short run is in the suite; the same scenario for longer is
 //! `OUTBOX_CHURN_SECONDS=300 cargo test -p outbox-tests --test e2e -- --ignored churn_for_minutes::postgres`.
 
-use outbox_cli::settings::Settings;
+use outbox_relay::settings::Settings;
 use outbox_store::{NewEvent, TableName};
 use outbox_tests::{event, eventually, Backend, FaultProxy, RelayProcess, TestApp};
 use sea_orm::DatabaseConnection;

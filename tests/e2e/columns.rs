@@ -44,9 +44,7 @@ fn claim_all() -> ClaimRequest {
 fn per_key(claimed: &[OutboxRecord]) -> BTreeMap<&str, Vec<&str>> {
     let mut keys: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for record in claimed {
-        keys.entry(&record.room_id)
-            .or_default()
-            .push(&record.event_id);
+        keys.entry(&record.key).or_default().push(&record.event_id);
     }
     keys
 }
@@ -132,7 +130,8 @@ async fn relays_a_debezium_table_in_place(backend: Backend) {
         .await
         .expect("the table is adopted");
     // PostgreSQL: the seven migrations and the online finish (rows numbered, indexes
-    // built concurrently); elsewhere the seven (the two of issue 28 do nothing there).
+    // built concurrently); elsewhere the seven (lowering the fillfactor and dropping the
+    // index of every row by key do nothing there).
     let expected = if fixture.backend() == DbBackend::Postgres {
         8
     } else {
@@ -261,7 +260,8 @@ async fn adopts_the_original_workers_table(backend: Backend) {
             .await
             .expect("the table is adopted");
     // PostgreSQL: the seven migrations and the online finish (rows numbered, indexes
-    // built concurrently); elsewhere the seven (the two of issue 28 do nothing there).
+    // built concurrently); elsewhere the seven (lowering the fillfactor and dropping the
+    // index of every row by key do nothing there).
     let expected = if fixture.backend() == DbBackend::Postgres {
         8
     } else {

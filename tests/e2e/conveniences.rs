@@ -3,7 +3,7 @@
 //! what `purge` would delete, deleting nothing, in lines or `--json`, and the container
 //! image carries OCI labels.
 
-use outbox_cli::settings::Settings;
+use outbox_relay::settings::Settings;
 use outbox_tests::output::{stderr, succeeded};
 use outbox_tests::OutputInTime as _;
 use outbox_tests::{

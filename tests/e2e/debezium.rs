@@ -4,7 +4,7 @@
 //! adoption, and placeholders or header columns naming no column refused with exit code 2.
 
 use lapin::types::AMQPValue;
-use outbox_cli::settings::{HeaderColumnSettings, Settings};
+use outbox_relay::settings::{HeaderColumnSettings, Settings};
 use outbox_tests::output::{stderr, succeeded};
 use outbox_tests::producer_table::{uuid, ProducerTable as Fixture};
 use outbox_tests::{

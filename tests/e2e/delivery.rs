@@ -185,7 +185,7 @@ async fn postgres_a_late_commit_below_the_scan_floor_keeps_its_room_order() {
         .settings(|settings| {
             settings.relay.batch_size = 20;
             settings.log.format = "json".into();
-            settings.log.level = "info,outbox_relay::fetcher=debug".into();
+            settings.log.level = "info,outbox_pipeline::fetcher=debug".into();
         })
         .build()
         .await;

@@ -4,7 +4,7 @@
 //! never stays on a server that takes no writes: it resumes within seconds once the
 //! address (or the server) is writable again; nothing lost, room order kept.
 
-use outbox_cli::settings::Settings;
+use outbox_relay::settings::Settings;
 use outbox_store::{insert_events, NewEvent, TableName};
 use outbox_tests::replica::{MariaServer, PgPair};
 use outbox_tests::{

@@ -153,7 +153,7 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
         .settings(|settings| {
             settings.amqp.url = through(proxy.addr, &settings.amqp.url);
             settings.amqp.declare_exchange = false;
-            settings.amqp.routes = vec![outbox_cli::settings::RouteSettings {
+            settings.amqp.routes = vec![outbox_relay::settings::RouteSettings {
                 event_type: "ghost.*".into(),
                 exchange: missing.clone(),
                 routing_key: None,

@@ -52,7 +52,7 @@ async fn the_documented_log_lines_each_at_its_level_and_once_per_change() {
             settings.relay.publish_timeout = "2s".into();
             settings.metrics.listen = "127.0.0.1:0".into();
             settings.log.format = "json".into();
-            settings.log.level = "info,outbox_relay=debug".into();
+            settings.log.level = "info,outbox_pipeline=debug".into();
         })
         .seeded(&seeded)
         .build()

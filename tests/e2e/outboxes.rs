@@ -4,7 +4,7 @@
 //! original worker's table taken over without sending its published rows again; on a new
 //! table, `migrate` applying exactly the steps its dry run lists.
 
-use outbox_cli::settings::{OutboxColumnsSettings, OutboxSettings, Settings};
+use outbox_relay::settings::{OutboxColumnsSettings, OutboxSettings, Settings};
 use outbox_store::{insert_events, NewEvent, OutboxRow, TableName};
 use outbox_tests::output::{stderr, succeeded};
 use outbox_tests::producer_table::{uuid, ProducerTable as Fixture};
@@ -348,7 +348,7 @@ async fn one_process_relays_two_outboxes_and_a_stuck_one_holds_back_only_itself(
             OutboxSettings {
                 name: "orders".into(),
                 table: orders.as_str().into(),
-                routes: Some(vec![outbox_cli::settings::RouteSettings {
+                routes: Some(vec![outbox_relay::settings::RouteSettings {
                     event_type: "doomed.created".into(),
                     exchange: missing_exchange.clone(),
                     routing_key: None,

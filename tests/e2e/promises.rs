@@ -157,7 +157,7 @@ async fn a_custom_content_type_is_the_messages_property() {
 async fn the_demo_relays_every_event_and_reports_no_duplicates() {
     let broker = TestBroker::new("#").await;
     let file = std::env::temp_dir().join(format!("{}.db", outbox_tests::unique_name("demo")));
-    let mut settings = outbox_cli::settings::Settings::default();
+    let mut settings = outbox_relay::settings::Settings::default();
     settings.database.url = format!("sqlite://{}?mode=rwc", file.display());
     settings.amqp.url = broker.url.clone();
     settings.amqp.exchange = broker.exchange.clone();
@@ -244,7 +244,7 @@ async fn one_shot_commands_fail_at_once_where_nothing_listens() {
 /// of its own and is not held up.
 #[actix_rt::test]
 async fn outboxes_on_one_url_share_one_pool_and_another_url_has_its_own() {
-    use outbox_cli::settings::OutboxSettings;
+    use outbox_relay::settings::OutboxSettings;
     use sea_orm::{ConnectionTrait as _, TransactionTrait as _};
     let app = TestApp::on(Backend::Postgres).build().await;
     let table = app.database.table.as_str().to_owned();
@@ -271,7 +271,7 @@ async fn outboxes_on_one_url_share_one_pool_and_another_url_has_its_own() {
             })
             .collect();
     });
-    let opened = outbox_cli::startup::open_unchecked(&config, None)
+    let opened = outbox_relay::startup::open_unchecked(&config, None)
         .await
         .expect("opened");
     let [a, b, c] = &opened[..] else {

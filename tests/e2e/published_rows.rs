@@ -22,7 +22,7 @@ async fn delete_leaves_only_the_rows_still_to_send_and_the_dead(backend: Backend
     seed(&app.database, &live).await;
     // Headers that are no JSON object: invalid, so dead at once — and kept. (Not an
     // unroutable event: RabbitMQ's return of one is at times attached by the client to
-    // another message's confirm; see the closing note of issue 28.)
+    // another message's confirm.)
     let mut orphan = events("orphan", 1, 1);
     orphan[0].headers = Some("not json".into());
     seed(&app.database, &orphan).await;

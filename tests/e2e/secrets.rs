@@ -2,7 +2,7 @@
 //! they come in the URL, from `*.password` or from `*.password_file` — and every password
 //! given in the environment reaches the server exactly as written.
 
-use outbox_cli::settings::OutboxSettings;
+use outbox_relay::settings::OutboxSettings;
 use outbox_tests::output::{stderr, stdout};
 use outbox_tests::OutputInTime as _;
 use outbox_tests::{
@@ -102,7 +102,7 @@ fn check_config_prints_no_password_from_the_environment_or_a_file() {
     const FROM_ENV: &str = "env-Pw-6f1c2a";
     const FROM_FILE: &str = "file-Pw-93b7e0";
     let file = secret_file(FROM_FILE);
-    let mut settings = outbox_cli::settings::Settings::default();
+    let mut settings = outbox_relay::settings::Settings::default();
     settings.database.url = "postgres://relay@db.internal:5432/rooms".into();
     settings.database.password = FROM_ENV.into();
     settings.amqp.url = "amqp://relay@mq.internal:5672/%2f".into();

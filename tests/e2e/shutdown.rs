@@ -1,6 +1,6 @@
 //! SIGTERM on the real binary (`docs/design.md#shutdown`).
 
-use outbox_cli::settings::Settings;
+use outbox_relay::settings::Settings;
 use outbox_tests::{
     assert_within, eventually, http_get as get, room_events, Backend, FaultProxy, RelayProcess,
     TestApp,

@@ -216,7 +216,7 @@ outbox_tests::per_backend!(sigterm_while_waiting_exits_0_within_a_second: postgr
 
 /// Runs `run` with `settings` and expects exit code 2 within a few seconds, the message
 /// containing `says`.
-fn exits_2_at_once(what: &str, settings: &outbox_cli::settings::Settings, says: &str) {
+fn exits_2_at_once(what: &str, settings: &outbox_relay::settings::Settings, says: &str) {
     // A refusal taken for an outage would wait: bounded, it exits 1 and fails below.
     let mut settings = settings.clone();
     settings.relay.startup_timeout = "10s".into();
@@ -328,7 +328,7 @@ async fn sqlite_waits_for_its_directory_to_appear() {
         "sqlite://{}?mode=rwc",
         directory.join("outbox.db").display()
     );
-    let mut settings = outbox_cli::settings::Settings::default();
+    let mut settings = outbox_relay::settings::Settings::default();
     settings.database.url = url.clone();
     settings.database.migrate_on_start = true;
     settings.amqp.url = broker.url.clone();

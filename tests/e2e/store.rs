@@ -472,11 +472,10 @@ fn buffers(plan: &str) -> u64 {
         .sum()
 }
 
-/// Issue 17: with history (published rows) and the dead index entries of rows marked since
-/// the last vacuum, the claim plan reads the pending rows and no published ones: the
-/// candidates from the pending index, the per-room probe on the pending-per-room index
-/// bounded at its candidate, and, from a floor, not the dead head. A plan regression
-/// fails here.
+/// With history (published rows) and the dead index entries of rows marked since the last
+/// vacuum, the claim plan reads the pending rows and no published ones: the candidates from
+/// the pending index, the per-room probe on the pending-per-room index bounded at its
+/// candidate, and, from a floor, not the dead head. A plan regression fails here.
 #[actix_rt::test]
 async fn postgres_claim_plans_read_the_pending_rows_not_the_history() {
     let database = TestDatabase::new(Backend::Postgres).await;
@@ -570,7 +569,7 @@ async fn postgres_claim_plans_read_the_pending_rows_not_the_history() {
     database.drop_table().await;
 }
 
-/// Issue 17: a table analyzed while it held no pending rows (history, then a backlog)
+/// A table analyzed while it held no pending rows (history, then a backlog)
 /// makes PostgreSQL's planner expect none, and it then walks the whole pending index for
 /// every per-room probe (measured: 2.9 s for one claim over a 100,000-row backlog). The
 /// store refreshes the statistics after a full claim when the planner expects fewer
@@ -787,7 +786,7 @@ async fn pages(database: &TestDatabase) -> Vec<(i64, i64)> {
         .collect()
 }
 
-/// Issue 28: the table's fillfactor leaves every row of a page room for its lease, so a
+/// The table's fillfactor leaves every row of a page room for its lease, so a
 /// claim's updates are all HOT — each new version stays on its page (a version that had
 /// to move would have written an entry in each of the table's indexes). At 70 a claim of
 /// whole pages of 600-byte rows moved more than half of them.

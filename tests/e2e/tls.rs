@@ -81,7 +81,7 @@ async fn amqps_with_a_wrong_ca_fails_fast_with_a_certificate_error() {
 
 #[test]
 fn a_missing_ca_file_exits_2_naming_the_key() {
-    let mut settings = outbox_cli::settings::Settings::default();
+    let mut settings = outbox_relay::settings::Settings::default();
     settings.amqp.url = "amqps://guest:guest@localhost:5671/%2f".into();
     settings.amqp.tls_ca_file = "/nonexistent/ca.pem".into();
     let output = outbox_tests::run_binary(crate::RELAY, &settings, &["check-config"]);
@@ -94,8 +94,8 @@ fn a_missing_ca_file_exits_2_naming_the_key() {
 }
 
 /// Whether the store's connection to PostgreSQL is encrypted, as the server sees it.
-async fn connection_uses_tls(config: &outbox_cli::settings::Config) -> bool {
-    let store = outbox_cli::startup::open_store(config, false)
+async fn connection_uses_tls(config: &outbox_relay::settings::Config) -> bool {
+    let store = outbox_relay::startup::open_store(config, false)
         .await
         .expect("store opens");
     let sql = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()";

@@ -224,7 +224,7 @@ async fn an_unavailable_listen_connection_falls_back_to_polling_with_one_warning
 }
 
 /// Debug lines of the relay's own crates (where a feed says it started), as JSON.
-const FEED_LOGS: &str = "info,outbox_store=debug,outbox_relay=debug,outbox_cli=debug";
+const FEED_LOGS: &str = "info,outbox_store=debug,outbox_pipeline=debug,outbox_relay=debug";
 
 /// `database.probe = false` switches SQLite's wake-ups off: no feed starts, and polling
 /// (200 ms) still delivers.
@@ -255,7 +255,7 @@ async fn with_the_probe_off_sqlite_polls_and_starts_no_feed() {
 /// The feed each backend starts, as its debug line names it (`adjust`: more settings).
 async fn starts_feed(
     backend: Backend,
-    adjust: fn(&mut outbox_cli::settings::Settings),
+    adjust: fn(&mut outbox_relay::settings::Settings),
     feed: &str,
 ) {
     let app = TestApp::on(backend)

@@ -4,7 +4,7 @@
 
 use crate::relay::InProcessRelay;
 use crate::{assert_every_event_delivered, seed, unique_name, Backend, TestBroker, TestDatabase};
-use outbox_cli::settings::{Config, Settings};
+use outbox_relay::settings::{Config, Settings};
 use outbox_store::{NewEvent, TableName};
 use std::time::Duration;
 

@@ -171,8 +171,8 @@ impl TestDatabase {
 
     /// Settings for running the binary on this database's table: migrated already, no
     /// metrics endpoint, the broker left at its default (commands like `purge` need none).
-    pub fn binary_settings(&self) -> outbox_cli::settings::Settings {
-        let mut settings = outbox_cli::settings::Settings::default();
+    pub fn binary_settings(&self) -> outbox_relay::settings::Settings {
+        let mut settings = outbox_relay::settings::Settings::default();
         settings.database.url = self.url.clone();
         settings.database.table = self.table.as_str().to_owned();
         settings.database.migrate_on_start = false;

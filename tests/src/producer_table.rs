@@ -2,7 +2,7 @@
 //! database's own outbox, for the tests that adopt existing tables.
 
 use crate::{test_settings, unique_name, Backend, TestBroker, TestDatabase};
-use outbox_cli::settings::{ColumnsSettings, Settings};
+use outbox_relay::settings::{ColumnsSettings, Settings};
 use outbox_store::TableName;
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 

@@ -2,7 +2,7 @@
 //! of its own (signals, exit codes, logs, the metrics endpoint).
 
 use crate::unique_name;
-use outbox_cli::settings::{Config, Settings};
+use outbox_relay::settings::{Config, Settings};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,20 +33,20 @@ fn push_env(env: &mut Vec<(String, String)>, prefix: &str, value: &serde_json::V
 
 /// A relay running in the test's own actix system, as `outbox-relay run` would run it.
 pub struct InProcessRelay {
-    relay: outbox_relay::Relay,
+    relay: outbox_pipeline::Relay,
     broker: outbox_amqp::Broker,
 }
 
 impl InProcessRelay {
     /// Connects and starts the relay described by `config`.
     pub async fn start(config: &Config) -> Self {
-        let store = outbox_cli::startup::open_store(config, false)
+        let store = outbox_relay::startup::open_store(config, false)
             .await
             .expect("store opens");
-        let broker = outbox_cli::startup::open_broker(config)
+        let broker = outbox_relay::startup::open_broker(config)
             .await
             .expect("broker connects");
-        let relay = outbox_cli::startup::start_relay(config, &store, &broker)
+        let relay = outbox_relay::startup::start_relay(config, &store, &broker)
             .await
             .expect("relay starts");
         Self { relay, broker }

@@ -4,7 +4,7 @@
 //! lapin copies a body into its frames when a publish starts and drops each frame once
 //! written; the relay keeps its own copy until the hand-off completes. Without a bound
 //! every record in flight could sit in lapin's queue at once, so memory held each large
-//! body twice (issue 17: three 25 MiB bodies queued side by side, 79 MB of frames beside
+//! body twice (measured: three 25 MiB bodies queued side by side, 79 MB of frames beside
 //! the 79 MB of records). The socket writes one frame at a time anyway: queueing
 //! [`HANDOFF_BYTES`] ahead keeps it busy. A body larger than that waits until nothing
 //! else is queued and goes alone.

@@ -60,7 +60,7 @@ pub struct OutboxLabels<'a> {
 }
 
 /// Properties and headers of `record`; header `key_header` carries its ordering key (the
-/// record's `room_id`, whichever column it was read from). The `headers` column's JSON
+/// record's `key`, whichever column it was read from). The `headers` column's JSON
 /// object becomes typed AMQP headers ([`header_table`]); one AMQP cannot carry can never be
 /// published: it is a permanent failure. Header columns (typed by their setting) win over the JSON's entries of the same name; the relay's own headers win
 /// over both; a NULL column adds none. `content_type`: the row's column when it has one, else the outbox's, else
@@ -80,10 +80,7 @@ pub fn outbox_properties(
         }
     }
     // The relay's own headers win over a row's headers of the same name.
-    headers.insert(
-        labels.key_header.into(),
-        long_string(record.room_id.clone()),
-    );
+    headers.insert(labels.key_header.into(), long_string(record.key.clone()));
     headers.insert("outbox_id".into(), AMQPValue::LongLongInt(record.id));
     headers.insert("retry_count".into(), AMQPValue::LongInt(record.retry_count));
     headers.insert("node_id".into(), long_string(settings.node_id.clone()));
@@ -243,7 +240,7 @@ mod tests {
             id: 7,
             event_id: "ev-7".into(),
             event_type: "room.created".into(),
-            room_id: "r1".into(),
+            key: "r1".into(),
             envelope: b"{}".to_vec(),
             headers: headers.map(str::to_owned),
             retry_count: 2,

@@ -111,7 +111,7 @@ impl EventPublisher for AmqpPublisher {
             let column = |name: &str| routing.extra.text(record, name);
             let fields = EventFields {
                 event_type: &record.event_type,
-                key: &record.room_id,
+                key: &record.key,
                 column: &column,
             };
             routing

@@ -43,8 +43,8 @@ pub struct DrainArgs {
     #[arg(long)]
     pub(crate) consume_after: bool,
     /// Channels the bare publisher spreads its messages over, by room: 1 (the
-    /// default) is issue 28's bare publisher; as many as `--publishers` is the relay's
-    /// own channel count.
+    /// default) is the plain bare publisher; as many as `--publishers` is the relay's own
+    /// channel count.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) baseline_channels: u16,
     /// Bytes of each pre-filled envelope (at least 64); the lapin baseline publishes

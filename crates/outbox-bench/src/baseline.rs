@@ -72,7 +72,7 @@ impl Baseline {
 /// Publishes `events` persistent messages of `body_bytes` bytes to a durable topic exchange
 /// bound to one durable queue, with 256 and then 1024 confirms in flight; returns the
 /// better run. The messages go over `channels` confirm channels of one connection, each
-/// room's to one channel (1: issue 28's bare publisher; the relay has one per Publisher).
+/// room's to one channel (1: the plain bare publisher; the relay has one per Publisher).
 /// A consumer process reads the queue as `drain`'s does (`consume`: while the messages
 /// are published, or only after each window), so that the broker's work per
 /// message, and so "all in ÷ bare", compare like with like: RabbitMQ confirms a persistent

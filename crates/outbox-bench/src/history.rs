@@ -36,7 +36,8 @@ pub struct HistoryArgs {
     /// Bytes of each envelope, history and events alike (at least 64).
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(64..))]
     envelope_bytes: u64,
-    /// Let the consumer read the queue only after each drain (as in issue 17's figures).
+    /// Let the consumer read the queue only after each drain (RabbitMQ then writes each
+    /// persistent message to disk before it confirms it).
     #[arg(long)]
     consume_after: bool,
     /// Run the history drains with `relay.retention` set to this (e.g. `1m`): the Janitor
@@ -193,10 +194,10 @@ fn cost_json(drained: &Drained) -> serde_json::Value {
     fields.into()
 }
 
-/// What the runs leave behind that only housekeeping removes (issue 17, point 3), read
-/// after a run: PostgreSQL's dead row versions and how many updates were HOT (no index
-/// entry), MariaDB's undo history not yet purged (InnoDB's history list: until purged,
-/// the old versions and delete-marked index entries stay), SQLite's free pages.
+/// What the runs leave behind that only housekeeping removes, read after a run:
+/// PostgreSQL's dead row versions and how many updates were HOT (no index entry), MariaDB's
+/// undo history not yet purged (InnoDB's history list: until purged, the old versions and
+/// delete-marked index entries stay), SQLite's free pages.
 async fn table_health(bench: &Bench) -> anyhow::Result<serde_json::Value> {
     let db = bench.store.connection();
     let t = bench.store.table();

@@ -5,7 +5,7 @@ use crate::cost::DbServer;
 use crate::process;
 use crate::scenario::{round, Backend, Bench};
 use clap::Args;
-use outbox_cli::startup::{open_broker, start_relay};
+use outbox_relay::startup::{open_broker, start_relay};
 use sea_orm::{ConnectionTrait as _, DatabaseConnection, Statement};
 use std::time::Duration;
 

@@ -5,7 +5,7 @@ use crate::consumer::{unix_nanos, Consume, ConsumerProcess};
 use crate::scenario::{event, median, round, Backend, Bench};
 use anyhow::{bail, Context as _};
 use clap::Args;
-use outbox_cli::startup::{open_broker, start_relay};
+use outbox_relay::startup::{open_broker, start_relay};
 use outbox_store::insert_events;
 use std::time::Duration;
 

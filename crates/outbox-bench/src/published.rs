@@ -11,7 +11,7 @@
 use metrics::{
     Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
 };
-use outbox_relay::instruments::EVENTS_PUBLISHED;
+use outbox_pipeline::instruments::EVENTS_PUBLISHED;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -12,9 +12,9 @@ use crate::published;
 use anyhow::{bail, Context as _};
 use clap::ValueEnum;
 use outbox_amqp::tap::{delete_exchange, delete_queue};
-use outbox_cli::settings::{Config, OutboxSettings, Settings};
-use outbox_cli::startup::{open_broker, open_outboxes, start_relays, OpenOutbox};
-use outbox_cli::traces::Traces;
+use outbox_relay::settings::{Config, OutboxSettings, Settings};
+use outbox_relay::startup::{open_broker, open_outboxes, start_relays, OpenOutbox};
+use outbox_relay::traces::Traces;
 use outbox_store::{insert_events, NewEvent, SeaOrmStore};
 use sea_orm::{ConnectionTrait as _, DbBackend, Statement};
 use std::time::{Duration, Instant};
@@ -77,8 +77,8 @@ impl Bench {
         let config = settings
             .validate()
             .map_err(|errors| anyhow::anyhow!("invalid bench settings: {errors:?}"))?;
-        // Warnings of the relay (and its timings under RUST_LOG=outbox_relay=debug).
-        outbox_cli::telemetry::init(&config.log, &config.secrets);
+        // Warnings of the relay (and its timings under RUST_LOG=outbox_pipeline=debug).
+        outbox_relay::telemetry::init(&config.log, &config.secrets);
         let outboxes = open_outboxes(&config, true).await?;
         let store = outboxes[0].store.clone();
         let queue = config.amqp.router.exchange.to_string();
@@ -301,7 +301,7 @@ pub(crate) fn event(run: &str, n: usize, rooms: usize, bytes: usize) -> NewEvent
 ///
 /// PostgreSQL: the pending index's first entry at or above `from`. Without `ORDER BY id`
 /// the planner, whose statistics saw a table of pending rows, scans the heap for the first
-/// pending row, through every published one (issue 28); from the index's head, each
+/// pending row, through every published one; from the index's head, each
 /// question reads the pages of every entry the drain's marks left dead there (140 pages a
 /// question at the end of 100,000 events). Not elsewhere: MariaDB and SQLite answer
 /// `ORDER BY id` from the primary key, through every published row, and the pending index

@@ -13,7 +13,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ordering {
-    /// No event is published while an earlier event of its room is neither published nor dead.
+    /// No event is published while an earlier event of its key is neither published nor dead.
     PerRoom,
     /// Every row is independent (the original worker's behaviour).
     None,
@@ -90,7 +90,7 @@ pub struct RelayOptions {
     pub retry: RetryPolicy,
     /// How long a claim holds a row.
     pub lease: Duration,
-    /// Per-room order or none.
+    /// Per-key order (`per_room`) or none.
     pub ordering: Ordering,
     /// Hard bound on a graceful shutdown.
     pub shutdown_timeout: Duration,

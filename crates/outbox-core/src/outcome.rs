@@ -10,7 +10,7 @@ pub enum OutcomeKind {
     Published,
     /// The publish failed; the Marker decides between retry and dead.
     Failed(PublishError),
-    /// Not attempted (shutdown, or held back behind a failed event of its room):
+    /// Not attempted (shutdown, or held back behind a failed event of its key):
     /// only the lease is given back.
     Released,
 }

@@ -119,7 +119,7 @@ pub struct ClaimRequest {
     pub limit: usize,
     /// Lease length (`locked_until = now + lease`).
     pub lease: Duration,
-    /// Whether a row may be claimed while an earlier row of its room is still unresolved.
+    /// Whether a row may be claimed while an earlier row of its key is still unresolved.
     pub ordering: Ordering,
     /// At most this many envelope bytes, counted in id order, except that the first row is
     /// always taken: a claim holds less than `max_bytes` plus its last row. `None`: no bound.
@@ -127,9 +127,9 @@ pub struct ClaimRequest {
     /// Start the candidate scan at this id: a [`Claimed::floor`] of an earlier claim, below
     /// which no pending row was left then, or just past the rows that claim leased. Rows
     /// below it are not claimed, and under `per_room` a pending row below it holds back
-    /// the later rows of its room unless it is leased to the claiming node (in flight
+    /// the later rows of its key unless it is leased to the claiming node (in flight
     /// there), so a row committed late or skipped below the floor is never overtaken in
-    /// its room; it waits for the next claim without a floor. `None`: from the oldest
+    /// its key; it waits for the next claim without a floor. `None`: from the oldest
     /// pending row.
     pub floor: Option<i64>,
 }
@@ -194,7 +194,7 @@ pub struct OutboxStats {
     /// The most frequent `last_error`s of pending rows that have failed, with their counts,
     /// most first ([`OutboxStats::FAILING_ERRORS`] at most): why the backlog does not move.
     pub failing: Vec<(String, u64)>,
-    /// The oldest pending row that has failed: the head a room waits behind.
+    /// The oldest pending row that has failed: the head a key waits behind.
     pub oldest_failing: Option<FailingEvent>,
 }
 
@@ -208,7 +208,7 @@ impl OutboxStats {
 pub struct FailingEvent {
     /// Its event id.
     pub event_id: String,
-    /// Its ordering key (room).
+    /// Its ordering key.
     pub key: String,
     /// Failed attempts that counted.
     pub retry_count: i32,

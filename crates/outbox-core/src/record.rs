@@ -7,14 +7,15 @@ use std::str::FromStr;
 /// One claimed outbox row: everything needed to publish it and to log its outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxRecord {
-    /// Insertion order; the publishing order within a room.
+    /// Insertion order; the publishing order among the rows of one key.
     pub id: i64,
     /// Stable id; becomes the AMQP `message_id`.
     pub event_id: String,
     /// AMQP `type`; drives routing.
     pub event_type: String,
-    /// Ordering key; AMQP header `room_id`.
-    pub room_id: String,
+    /// Ordering key (the mapped key column, `room_id` by default); in the AMQP header
+    /// named by `key_header` (`room_id` by default).
+    pub key: String,
     /// The message body, published byte for byte (the payload column's bytes; a JSON
     /// column's text form).
     pub envelope: Vec<u8>,

@@ -182,8 +182,8 @@ impl RoutingKeyTemplate {
     }
 
     /// Renders the key for an event with no extra column.
-    pub fn render(&self, event_type: &str, room_id: &str) -> Result<String, RoutingError> {
-        self.render_fields(&EventFields::of(event_type, room_id))
+    pub fn render(&self, event_type: &str, key: &str) -> Result<String, RoutingError> {
+        self.render_fields(&EventFields::of(event_type, key))
     }
 }
 
@@ -240,8 +240,8 @@ impl Router {
     }
 
     /// Exchange and routing key of one event with no extra column.
-    pub fn route(&self, event_type: &str, room_id: &str) -> Result<(String, String), RoutingError> {
-        self.route_fields(&EventFields::of(event_type, room_id))
+    pub fn route(&self, event_type: &str, key: &str) -> Result<(String, String), RoutingError> {
+        self.route_fields(&EventFields::of(event_type, key))
     }
 
     /// Exchange and routing key of one event. A route whose column is NULL does not match.

@@ -15,13 +15,13 @@ use tokio::sync::{oneshot, Notify, Semaphore};
 
 use crate::marker::Outcome;
 
-/// A record named `<room><id>` in tests, e.g. `a1`.
-pub fn record(id: i64, room: &str) -> OutboxRecord {
+/// A record named `<key><id>` in tests, e.g. `a1`.
+pub fn record(id: i64, key: &str) -> OutboxRecord {
     OutboxRecord {
         id,
-        event_id: format!("{room}{id}"),
+        event_id: format!("{key}{id}"),
         event_type: "room.test".into(),
-        room_id: room.into(),
+        key: key.into(),
         envelope: b"{}".to_vec(),
         headers: None,
         retry_count: 0,

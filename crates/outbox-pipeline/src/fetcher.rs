@@ -1,4 +1,4 @@
-//! [`Fetcher`]: claims batches and hands each record to its room's publisher.
+//! [`Fetcher`]: claims batches and hands each record to its key's publisher.
 
 use crate::floor::ScanFloor;
 use crate::instruments::ClaimSizes;
@@ -34,7 +34,7 @@ pub struct Marked {
     pub count: usize,
     /// Their envelopes' bytes: budget for new claims (`relay.max_inflight_bytes`).
     pub bytes: usize,
-    /// Per room, how many of them were failures or releases (which hold their room back
+    /// Per key, how many of them were failures or releases (which hold their key back
     /// in its Publisher until written).
     pub unheld: Vec<(String, usize)>,
 }
@@ -44,7 +44,7 @@ pub struct Marked {
 pub struct PublisherHandle {
     /// Records to publish.
     pub publish: Recipient<Publish>,
-    /// Written failures and releases of a held room.
+    /// Written failures and releases of a held key.
     pub unhold: Recipient<Unhold>,
 }
 
@@ -82,17 +82,17 @@ pub struct Stop;
 /// the in-flight bound), one claim at a time (the Tick handler is atomic), keeps the rows
 /// in flight below `max_in_flight` and their envelope bytes below `max_in_flight_bytes`
 /// (plus one row: a claim always takes at least one), and sends each record to the
-/// publisher picked by a stable hash of its room: one room always goes through one
-/// publisher, which keeps the room's order.
+/// publisher picked by a stable hash of its ordering key: one key always goes through one
+/// publisher, which keeps the key's order.
 pub struct Fetcher {
     /// The outbox's name: the `outbox` field of its log lines.
     outbox: Arc<str>,
     /// The outbox table.
     store: Arc<dyn OutboxStore>,
-    /// The publisher pool, indexed by room hash.
+    /// The publisher pool, indexed by key hash.
     publishers: Vec<PublisherHandle>,
     /// Told whenever outcomes are written: capacity is free, and rows held back behind
-    /// them (same room) may be claimable now.
+    /// them (same key) may be claimable now.
     scheduler: Recipient<Wake>,
     /// Node, batch size, lease and ordering of every claim.
     request: ClaimRequest,
@@ -116,7 +116,7 @@ pub struct Fetcher {
     /// After a failed claim: no claim before this instant ([`CLAIM_BACKOFF`]).
     retry_at: Option<Instant>,
     /// A failed claim may have committed with its answer lost, leaving rows leased to this
-    /// node that no publisher holds (later rows of their rooms could overtake them). So no
+    /// node that no publisher holds (later rows of their keys could overtake them). So no
     /// claim starts while rows are in flight, and the next one first releases this node's
     /// leases: with nothing in flight, exactly those. See docs/design.md#claims-leases-and-ordering.
     unsure: bool,
@@ -186,15 +186,15 @@ impl Fetcher {
 }
 
 /// FNV-1a: stable across processes and Rust versions, unlike `DefaultHasher`.
-pub fn room_hash(room_id: &str) -> u64 {
-    room_id.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+pub fn key_hash(key: &str) -> u64 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     })
 }
 
-/// The publisher index for `room_id` in a pool of `pool` publishers.
-pub fn publisher_for(room_id: &str, pool: usize) -> usize {
-    (room_hash(room_id) % pool as u64) as usize
+/// The publisher index for `key` in a pool of `pool` publishers.
+pub fn publisher_for(key: &str, pool: usize) -> usize {
+    (key_hash(key) % pool as u64) as usize
 }
 
 impl Actor for Fetcher {
@@ -303,7 +303,7 @@ impl Handler<Tick> for Fetcher {
                     }
                     let pool = fetcher.publishers.len();
                     for record in records {
-                        let index = publisher_for(&record.room_id, pool);
+                        let index = publisher_for(&record.key, pool);
                         fetcher.publishers[index].publish.do_send(Publish(record));
                     }
                     if claimed > 0 {
@@ -346,11 +346,9 @@ impl Handler<Marked> for Fetcher {
         // is under way now, and every row claimed before this commit has already been sent
         // to its publisher ahead of this Unhold. A claim that starts later sees the commit.
         let pool = self.publishers.len();
-        for (room_id, count) in marked.unheld {
-            let index = publisher_for(&room_id, pool);
-            self.publishers[index]
-                .unhold
-                .do_send(Unhold { room_id, count });
+        for (key, count) in marked.unheld {
+            let index = publisher_for(&key, pool);
+            self.publishers[index].unhold.do_send(Unhold { key, count });
         }
         // Claim again now rather than at the next poll. With inserts announced, only if a
         // claim waited for this capacity: waking on every Marked as well kept claims
@@ -538,9 +536,9 @@ mod tests {
         );
     }
 
-    /// A record of room `room` whose envelope is `bytes` long.
-    fn sized(id: i64, room: &str, bytes: usize) -> OutboxRecord {
-        let mut record = record(id, room);
+    /// A record of key `key` whose envelope is `bytes` long.
+    fn sized(id: i64, key: &str, bytes: usize) -> OutboxRecord {
+        let mut record = record(id, key);
         record.envelope = vec![b'x'; bytes];
         record
     }
@@ -773,19 +771,19 @@ mod tests {
     }
 
     #[test]
-    fn a_room_maps_to_its_publisher_by_a_hash_stable_across_processes() {
+    fn a_key_maps_to_its_publisher_by_a_hash_stable_across_processes() {
         // Published FNV-1a test vectors: any other hash (say `DefaultHasher`) fails here.
-        assert_eq!(room_hash(""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(room_hash("a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(room_hash("foobar"), 0x8594_4171_f739_67e8);
+        assert_eq!(key_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(key_hash("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(key_hash("foobar"), 0x8594_4171_f739_67e8);
         assert_eq!(publisher_for("foobar", 7), 6, "the hash modulo the pool");
     }
 
     #[test]
-    fn rooms_spread_over_the_pool() {
+    fn keys_spread_over_the_pool() {
         let mut used = [0usize; 4];
-        for room in 0..400 {
-            used[publisher_for(&format!("room-{room}"), 4)] += 1;
+        for key in 0..400 {
+            used[publisher_for(&format!("room-{key}"), 4)] += 1;
         }
         assert!(used.iter().all(|&n| n > 50), "{used:?}");
     }

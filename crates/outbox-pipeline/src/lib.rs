@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! Scheduler --Tick--> Fetcher --Publish--> Publisher[0..N] --Outcome--> Marker
-//!     ^                  |  (stable hash of room_id picks the publisher)   |
+//!     ^                  |  (stable hash of the key picks the publisher)   |
 //!     +------Wake--------+<------------------ Marked ----------------------+
 //! ```
 //!
@@ -10,10 +10,10 @@
 //!   claims come back full, when capacity frees up, and on each insert where the database
 //!   announces them (else whenever outcomes were written).
 //! - [`fetcher`]: claims batches through the [`outbox_core::OutboxStore`] port, bounds the
-//!   rows in flight, routes each record to its room's publisher.
+//!   rows in flight, routes each record to its key's publisher.
 //! - [`floor`]: where the Fetcher's claims start their scan while a backlog drains.
 //! - [`publisher`]: one per confirm channel; many publishes in flight, at most one per
-//!   room under `per_room` ordering; holds back a room behind a failure.
+//!   key under `per_room` ordering; holds back a key behind a failure.
 //! - [`marker`]: the single writer of outcomes; batches them, decides retry or dead, and
 //!   never drops one (a failed flush is retried).
 //! - [`listener`]: beside the pipeline, when the store announces inserts (PostgreSQL):

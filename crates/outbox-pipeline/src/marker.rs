@@ -315,7 +315,7 @@ impl Marker {
                     marker.fetcher.do_send(Marked {
                         count: decided.len(),
                         bytes: decided.iter().map(|d| d.bytes).sum(),
-                        unheld: unheld_rooms(&decided),
+                        unheld: unheld_keys(&decided),
                     });
                 }
                 // What arrived meanwhile waits for a full batch or its delay, as the first
@@ -386,8 +386,8 @@ impl Marker {
                         node_id,
                         event_id = %record.event_id,
                         event_type = %record.event_type,
-                        key = %record.room_id,
-                        room_id = %record.room_id,
+                        key = %record.key,
+                        room_id = %record.key,
                         retry_count = $retry_count,
                         status = $status,
                         error,
@@ -454,10 +454,10 @@ impl Marker {
     }
 }
 
-/// Per room, the committed outcomes that held it back in its Publisher: everything but
+/// Per key, the committed outcomes that held it back in its Publisher: everything but
 /// `published`.
-fn unheld_rooms(decided: &[Decided]) -> Vec<(String, usize)> {
-    let mut rooms: Vec<(String, usize)> = Vec::new();
+fn unheld_keys(decided: &[Decided]) -> Vec<(String, usize)> {
+    let mut keys: Vec<(String, usize)> = Vec::new();
     for Decided {
         record, resolution, ..
     } in decided
@@ -465,12 +465,12 @@ fn unheld_rooms(decided: &[Decided]) -> Vec<(String, usize)> {
         if *resolution == Resolution::Published {
             continue;
         }
-        match rooms.iter_mut().find(|(room, _)| *room == record.room_id) {
+        match keys.iter_mut().find(|(key, _)| *key == record.key) {
             Some((_, count)) => *count += 1,
-            None => rooms.push((record.room_id.clone(), 1)),
+            None => keys.push((record.key.clone(), 1)),
         }
     }
-    rooms
+    keys
 }
 
 impl Actor for Marker {

@@ -17,14 +17,14 @@ use tracing::warn;
 #[rtype(result = "()")]
 pub struct Publish(pub OutboxRecord);
 
-/// `count` failures or releases of `room_id` are written: the room's hold shrinks by that
+/// `count` failures or releases of `key` are written: the key's hold shrinks by that
 /// much (from the Fetcher, which forwards the Marker's [`crate::Marked`]).
 #[derive(Message, Debug, Clone, PartialEq, Eq)]
 #[rtype(result = "()")]
 pub struct Unhold {
-    /// The room.
-    pub room_id: String,
-    /// Outcomes of the room now written.
+    /// The ordering key.
+    pub key: String,
+    /// Outcomes of the key now written.
     pub count: usize,
 }
 
@@ -48,8 +48,8 @@ struct Finished {
 /// publishes in flight, carried by one task on the actor's thread (its `Flight`,
 /// flight.rs) that reports each end through one stream of the actor
 /// (docs/design.md#publishing: why not `ctx.spawn`, why not a task per publish).
-/// Under `per_room` ordering a room has one unconfirmed message at a time, and a failure
-/// releases the room's waiting records and holds the room until [`Unhold`] says its
+/// Under `per_room` ordering a key has one unconfirmed message at a time, and a failure
+/// releases the key's waiting records and holds the key until [`Unhold`] says its
 /// outcomes are written, so no later row overtakes them. See
 /// docs/design.md#claims-leases-and-ordering.
 pub struct Publisher {
@@ -57,11 +57,11 @@ pub struct Publisher {
     port: Arc<dyn EventPublisher>,
     /// Where every outcome goes.
     marker: Recipient<Outcome>,
-    /// Per-room order or none.
+    /// Per-key order (`per_room`) or none.
     ordering: Ordering,
-    /// Under `per_room`: rooms with a publish in flight, and their waiting records.
-    rooms: HashMap<String, VecDeque<OutboxRecord>>,
-    /// Under `per_room`: rooms held back, with their failures and releases not yet written.
+    /// Under `per_room`: keys with a publish in flight, and their waiting records.
+    keys: HashMap<String, VecDeque<OutboxRecord>>,
+    /// Under `per_room`: keys held back, with their failures and releases not yet written.
     held: HashMap<String, usize>,
     /// Publishes awaiting their confirm, by start number: their record without its
     /// body, and the body's size when claimed.
@@ -99,7 +99,7 @@ impl Publisher {
             port,
             marker,
             ordering,
-            rooms: HashMap::new(),
+            keys: HashMap::new(),
             held: HashMap::new(),
             in_flight: HashMap::new(),
             flight: None,
@@ -124,7 +124,7 @@ impl Publisher {
     /// claimed.
     fn report(&mut self, record: OutboxRecord, kind: OutcomeKind, bytes: usize) {
         if self.ordering == Ordering::PerRoom && kind != OutcomeKind::Published {
-            *self.held.entry(record.room_id.clone()).or_default() += 1;
+            *self.held.entry(record.key.clone()).or_default() += 1;
         }
         self.marker.do_send(Outcome {
             record,
@@ -151,7 +151,7 @@ impl Publisher {
             id: record.id,
             event_id: record.event_id.clone(),
             event_type: record.event_type.clone(),
-            room_id: record.room_id.clone(),
+            key: record.key.clone(),
             envelope: Vec::new(),
             headers: record.headers.clone(),
             retry_count: record.retry_count,
@@ -199,7 +199,7 @@ impl Publisher {
         self.flight = None;
         let abandoned: Vec<_> = self.in_flight.drain().map(|(_, entry)| entry).collect();
         for (record, bytes) in abandoned {
-            self.rooms.remove(&record.room_id);
+            self.keys.remove(&record.key);
             self.report(record, OutcomeKind::Released, bytes);
         }
         self.stop_if_drained(ctx);
@@ -212,19 +212,19 @@ impl Publisher {
         result: Result<(), PublishError>,
         ctx: &mut Context<Self>,
     ) {
-        // Under `per_room`: the room's next record, or (failed: hold the room back;
-        // draining; nothing waiting) the rest of the room, given back after this outcome
+        // Under `per_room`: the key's next record, or (failed: hold the key back;
+        // draining; nothing waiting) the rest of the key, given back after this outcome
         // so that its next claim comes after it.
         let (next, rest) = match self.ordering {
             Ordering::None => (None, None),
             Ordering::PerRoom => {
-                let next = match self.rooms.get_mut(&record.room_id) {
+                let next = match self.keys.get_mut(&record.key) {
                     Some(queue) if result.is_ok() && !self.draining => queue.pop_front(),
                     _ => None,
                 };
                 let rest = match next {
                     Some(_) => None,
-                    None => self.rooms.remove(&record.room_id),
+                    None => self.keys.remove(&record.key),
                 };
                 (next, rest)
             }
@@ -300,16 +300,16 @@ impl Handler<Publish> for Publisher {
     type Result = ();
 
     fn handle(&mut self, Publish(record): Publish, _: &mut Self::Context) {
-        if self.draining || self.held.contains_key(&record.room_id) {
+        if self.draining || self.held.contains_key(&record.key) {
             self.release(record);
             return;
         }
         if self.ordering == Ordering::PerRoom {
-            if let Some(queue) = self.rooms.get_mut(&record.room_id) {
+            if let Some(queue) = self.keys.get_mut(&record.key) {
                 queue.push_back(record);
                 return;
             }
-            self.rooms.insert(record.room_id.clone(), VecDeque::new());
+            self.keys.insert(record.key.clone(), VecDeque::new());
         }
         self.start(record);
     }
@@ -318,11 +318,11 @@ impl Handler<Publish> for Publisher {
 impl Handler<Unhold> for Publisher {
     type Result = ();
 
-    fn handle(&mut self, Unhold { room_id, count }: Unhold, _: &mut Self::Context) {
-        if let Some(held) = self.held.get_mut(&room_id) {
+    fn handle(&mut self, Unhold { key, count }: Unhold, _: &mut Self::Context) {
+        if let Some(held) = self.held.get_mut(&key) {
             *held = held.saturating_sub(count);
             if *held == 0 {
-                self.held.remove(&room_id);
+                self.held.remove(&key);
             }
         }
     }
@@ -334,7 +334,7 @@ impl Handler<Drain> for Publisher {
     fn handle(&mut self, _: Drain, ctx: &mut Self::Context) -> Self::Result {
         self.draining = true;
         let waiting: Vec<OutboxRecord> = self
-            .rooms
+            .keys
             .values_mut()
             .flat_map(|queue| queue.drain(..))
             .collect();
@@ -386,11 +386,11 @@ mod tests {
     }
 
     #[actix_rt::test]
-    async fn failed_event_holds_back_its_room() {
+    async fn failed_event_holds_back_its_key() {
         let port = FakePublisher::failing(&["a1"]);
         let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
-        for (id, room) in [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "b")] {
-            publisher.do_send(Publish(record(id, room)));
+        for (id, key) in [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "b")] {
+            publisher.do_send(Publish(record(id, key)));
         }
         let seen = outcomes.wait_for(5, Duration::from_secs(5)).await;
         assert_eq!(seen.kind_of("a1"), "failed");
@@ -406,7 +406,7 @@ mod tests {
     }
 
     #[actix_rt::test]
-    async fn a_failed_room_stays_held_until_its_outcomes_are_written() {
+    async fn a_failed_key_stays_held_until_its_outcomes_are_written() {
         let port = FakePublisher::failing(&["a1"]);
         let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
         publisher.do_send(Publish(record(1, "a")));
@@ -417,7 +417,7 @@ mod tests {
         let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
         assert_eq!(seen.kind_of("a3"), "released");
         publisher.do_send(Unhold {
-            room_id: "a".into(),
+            key: "a".into(),
             count: 2,
         });
         publisher.do_send(Publish(record(4, "a")));
@@ -428,7 +428,7 @@ mod tests {
             "a3's release is not written yet"
         );
         publisher.do_send(Unhold {
-            room_id: "a".into(),
+            key: "a".into(),
             count: 2,
         });
         publisher.do_send(Publish(record(5, "a")));
@@ -436,17 +436,17 @@ mod tests {
         assert_eq!(
             seen.kind_of("a5"),
             "published",
-            "everything written: the room moves on"
+            "everything written: the key moves on"
         );
         assert_eq!(port.attempted(), vec!["a1", "a5"]);
     }
 
     #[actix_rt::test]
-    async fn a_room_has_one_unconfirmed_message_at_a_time() {
+    async fn a_key_has_one_unconfirmed_message_at_a_time() {
         let port = FakePublisher::held();
         let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
-        for (id, room) in [(1, "a"), (2, "a"), (3, "b")] {
-            publisher.do_send(Publish(record(id, room)));
+        for (id, key) in [(1, "a"), (2, "a"), (3, "b")] {
+            publisher.do_send(Publish(record(id, key)));
         }
         port.wait_for_attempts(2, Duration::from_secs(5)).await;
         assert_eq!(
@@ -470,8 +470,8 @@ mod tests {
     async fn without_ordering_a_failure_holds_nothing_back() {
         let port = FakePublisher::failing(&["a1"]);
         let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::None);
-        for (id, room) in [(1, "a"), (2, "a"), (3, "a")] {
-            publisher.do_send(Publish(record(id, room)));
+        for (id, key) in [(1, "a"), (2, "a"), (3, "a")] {
+            publisher.do_send(Publish(record(id, key)));
         }
         let seen = outcomes.wait_for(3, Duration::from_secs(5)).await;
         assert_eq!(seen.kind_of("a1"), "failed");
@@ -483,8 +483,8 @@ mod tests {
     async fn drain_finishes_in_flight_publishes_and_releases_the_rest() {
         let port = FakePublisher::held();
         let (publisher, outcomes) = publisher(Arc::clone(&port), Ordering::PerRoom);
-        for (id, room) in [(1, "a"), (2, "a"), (3, "b")] {
-            publisher.do_send(Publish(record(id, room)));
+        for (id, key) in [(1, "a"), (2, "a"), (3, "b")] {
+            publisher.do_send(Publish(record(id, key)));
         }
         port.wait_for_attempts(2, Duration::from_secs(5)).await;
         let drained = publisher.send(Drain);
@@ -518,8 +518,8 @@ mod tests {
         )
         .with_drain_limit(Duration::from_millis(200))
         .start();
-        for (id, room) in [(1, "a"), (2, "a"), (3, "b")] {
-            publisher.do_send(Publish(record(id, room)));
+        for (id, key) in [(1, "a"), (2, "a"), (3, "b")] {
+            publisher.do_send(Publish(record(id, key)));
         }
         port.wait_for_attempts(2, Duration::from_secs(5)).await;
         let asked = std::time::Instant::now();

@@ -5,7 +5,7 @@ use actix::prelude::*;
 use std::time::Duration;
 use tracing::warn;
 
-/// "Claim again": outcomes were written (freeing capacity and unblocking rooms), or the
+/// "Claim again": outcomes were written (freeing capacity and unblocking keys), or the
 /// database announced inserts.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]

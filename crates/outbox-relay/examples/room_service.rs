@@ -1,4 +1,4 @@
-//! A tiny room service (`cargo run -p outbox-cli --example room_service`): it renames a
+//! A tiny room service (`cargo run -p outbox-relay --example room_service`): it renames a
 //! room and enqueues `room.renamed` in one transaction, then runs the relay in-process and
 //! shows the event arriving. Needs RabbitMQ (`OUTBOX_RELAY__AMQP__URL`); the `rooms` table
 //! and the outbox share a temporary SQLite file unless `OUTBOX_RELAY__DATABASE__URL` names
@@ -7,8 +7,8 @@
 use anyhow::{bail, Context as _};
 use futures_lite::StreamExt;
 use outbox_amqp::{Tap, TapQueue};
-use outbox_cli::settings::Settings;
-use outbox_cli::startup::{open_broker, open_store, start_relay};
+use outbox_relay::settings::Settings;
+use outbox_relay::startup::{open_broker, open_store, start_relay};
 use outbox_store::{enqueue, NewEvent, TableName};
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseConnection, EntityTrait, Schema, Set,
@@ -107,7 +107,7 @@ async fn main() -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join("; "))
     })?;
-    outbox_cli::telemetry::init(&config.log, &config.secrets);
+    outbox_relay::telemetry::init(&config.log, &config.secrets);
 
     // The service's side: its table, the outbox (migrated), one transaction.
     let store = open_store(&config, true).await?;

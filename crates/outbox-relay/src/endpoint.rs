@@ -13,7 +13,7 @@
 //!   while `run` waits for a dependency at start, `not ready: waiting for the database`
 //!   (or `the broker`).
 //!
-//! The actors record through the `metrics` facade (`outbox_relay::instruments`); this
+//! The actors record through the `metrics` facade (`outbox_pipeline::instruments`); this
 //! module installs the Prometheus recorder behind it and serves it with actix-web on a
 //! worker thread of its own, so a scrape never runs on the relay's thread. Readiness is
 //! decided by [`Endpoint::probe`], never by a request, so scrapes and probes add nothing to
@@ -29,7 +29,7 @@ use anyhow::Context as _;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use outbox_amqp::Broker;
 use outbox_core::OutboxStore;
-use outbox_relay::instruments;
+use outbox_pipeline::instruments;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -78,8 +78,8 @@ const BATCH_BUCKETS: &[f64] = &[
 /// The `dependency` labels of `outbox_up`, in the order of [`Health`]'s flags.
 const DEPENDENCIES: [&str; 2] = ["database", "broker"];
 
-/// An outbox's stall state as its relay reports it ([`outbox_relay::Relay::stall`]).
-pub type StallReports = tokio::sync::watch::Receiver<Option<outbox_relay::Stall>>;
+/// An outbox's stall state as its relay reports it ([`outbox_pipeline::Relay::stall`]).
+pub type StallReports = tokio::sync::watch::Receiver<Option<outbox_pipeline::Stall>>;
 
 /// What `/readyz` reports, written by the probe and read by requests.
 #[derive(Debug, Default)]

@@ -101,7 +101,7 @@ pub fn main() -> ExitCode {
         Err(error) => {
             // A second signal, or relay.shutdown_timeout: a forced stop.
             let forced =
-                error.is::<commands::ForcedStop>() || error.is::<outbox_relay::ShutdownError>();
+                error.is::<commands::ForcedStop>() || error.is::<outbox_pipeline::ShutdownError>();
             // Our messages carry redacted URLs only; a library's may echo more.
             let error = secrets.scrub(&format!("{error:#}"));
             final_error(json, Ending::Failed, &error);

@@ -1,4 +1,4 @@
-//! `outbox-relay`: see the library crate `outbox_cli`.
+//! `outbox-relay`: see the library crate `outbox_relay`.
 
 /// jemalloc: less of the relay's CPU in the allocator than glibc's (BENCHMARKS.md,
 /// "jemalloc"), the same peak memory with large envelopes.
@@ -7,5 +7,5 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
-    outbox_cli::main()
+    outbox_relay::main()
 }

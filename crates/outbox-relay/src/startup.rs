@@ -5,7 +5,7 @@ use crate::settings::{Config, OutboxConfig};
 use anyhow::Context as _;
 use outbox_amqp::{Broker, Routing};
 use outbox_core::{EventPublisher, NodeHold, OutboxStore, PublishedRows, RelayOptions};
-use outbox_relay::{Relay, Relays};
+use outbox_pipeline::{Relay, Relays};
 use outbox_store::{SeaOrmStore, WakeUps};
 use std::collections::HashMap;
 use std::sync::Arc;

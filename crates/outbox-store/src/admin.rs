@@ -18,8 +18,9 @@ pub struct DeadEvent {
     pub event_id: String,
     /// Event type.
     pub event_type: String,
-    /// Room.
-    pub room_id: String,
+    /// Ordering key (the mapped key column; selected as `room_id`).
+    #[sea_orm(from_alias = "room_id")]
+    pub key: String,
     /// Failed attempts.
     pub retry_count: i32,
     /// Why it died.
@@ -34,8 +35,8 @@ pub struct DeadEvent {
 pub struct DeadFilter {
     /// Only these event ids (empty: any).
     pub event_ids: Vec<String>,
-    /// Only this room.
-    pub room: Option<String>,
+    /// Only this ordering key.
+    pub key: Option<String>,
     /// Only this event type, or the types an AMQP topic pattern matches (`*` one word, `#`
     /// zero or more, as `[[routes]]` match them).
     pub event_type: Option<String>,
@@ -67,9 +68,9 @@ impl DeadFilter {
                 .join(", ");
             conditions.push_str(&format!(" AND {} IN ({list})", reads.event_id));
         }
-        if let Some(room) = &self.room {
-            let room = params.bind(room.as_str());
-            conditions.push_str(&format!(" AND {} = {room}", reads.key_text));
+        if let Some(key) = &self.key {
+            let key = params.bind(key.as_str());
+            conditions.push_str(&format!(" AND {} = {key}", reads.key_text));
         }
         match (self.type_pattern(), &self.event_type) {
             (Some(pattern), _) => {

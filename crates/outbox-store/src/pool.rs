@@ -5,7 +5,7 @@
 //! received (one 25 MiB envelope: a 26–52 MB buffer) and its write buffer to the largest
 //! statement it sent, and keeps them while pooled: after a drain of large rows every
 //! connection of the pool would hold one, and memory would follow the pool's size times
-//! the largest row, not `relay.max_inflight_bytes` (issue 17). sqlx shrinks them back to
+//! the largest row, not `relay.max_inflight_bytes`. sqlx shrinks them back to
 //! 8 KiB on request; this pool asks whenever a connection is returned (nothing to do for
 //! a connection that stayed small). SQLite runs in the process and has no such buffers.
 //!

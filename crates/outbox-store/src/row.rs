@@ -45,7 +45,7 @@ pub struct OutboxRow {
 
 /// The columns a claim returns: what the relay needs to publish and log one event, read by
 /// position in the order of `crate::reads::Reads::claimed_columns` (whose aliases are
-/// these names).
+/// these names, `room_id` for `key`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimedRow {
     /// The row's position (insert order).
@@ -54,8 +54,8 @@ pub struct ClaimedRow {
     pub event_id: String,
     /// AMQP `type`.
     pub event_type: String,
-    /// Ordering key.
-    pub room_id: String,
+    /// Ordering key (the mapped key column).
+    pub key: String,
     /// Body, byte for byte.
     pub envelope: Vec<u8>,
     /// Extra headers (JSON).
@@ -105,7 +105,7 @@ impl ClaimedRow {
         let id = next.get("id")?;
         let event_id = next.get("event_id")?;
         let event_type = next.get("event_type")?;
-        let room_id = next.get("room_id")?;
+        let key = next.get("room_id")?;
         let envelope = match reads.payload_decode {
             PayloadDecode::Text => next
                 .get::<Option<String>>("envelope")?
@@ -124,7 +124,7 @@ impl ClaimedRow {
             id,
             event_id,
             event_type,
-            room_id,
+            key,
             envelope: Vec::new(),
             headers,
             retry_count: next.get("retry_count")?,
@@ -220,7 +220,7 @@ impl From<ClaimedRow> for outbox_core::OutboxRecord {
             id: row.id,
             event_id: row.event_id,
             event_type: row.event_type,
-            room_id: row.room_id,
+            key: row.key,
             envelope: row.envelope,
             headers: row.headers,
             retry_count: row.retry_count,

@@ -144,7 +144,7 @@ impl SeaOrmStore {
             .await?;
         stats.oldest_failing = oldest.map(|event| FailingEvent {
             event_id: event.event_id,
-            key: event.room_id,
+            key: event.key,
             retry_count: event.retry_count,
             last_error: event.last_error.unwrap_or_default(),
             created_at: event.created_at,

@@ -91,7 +91,7 @@ fn filter(event_ids: Vec<String>, filters: DeadFilters) -> DeadFilter {
     });
     DeadFilter {
         event_ids,
-        room: filters.room,
+        key: filters.room,
         event_type: filters.event_type,
         created_before,
     }
@@ -120,7 +120,7 @@ impl Audit {
     fn of(filter: &DeadFilter, older_than: Option<std::time::Duration>, all: bool) -> Self {
         Self {
             event_ids: (!filter.event_ids.is_empty()).then(|| filter.event_ids.join(",")),
-            key: filter.room.clone(),
+            key: filter.key.clone(),
             event_type: filter.event_type.clone(),
             older_than: older_than.map(|age| humantime::format_duration(age).to_string()),
             created_before: filter
@@ -223,8 +223,8 @@ impl Listing {
                         "id": event.id,
                         "event_id": event.event_id,
                         "event_type": event.event_type,
-                        "key": event.room_id,
-                        "room_id": event.room_id,
+                        "key": event.key,
+                        "room_id": event.key,
                         "retry_count": event.retry_count,
                         "last_error": event.last_error,
                         "created_at": event.created_at.to_rfc3339(),
@@ -239,7 +239,7 @@ impl Listing {
             say!(
                 "{}\t{}\t{}\t{}\t{}\t{outbox}",
                 event.event_id,
-                event.room_id,
+                event.key,
                 event.event_type,
                 event.retry_count,
                 event.last_error.as_deref().unwrap_or("")

@@ -18,7 +18,7 @@ pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
     let outboxes = Wait {
         dependency: Dependency::Database,
         url: &config.redacted_database_urls(args.outbox.as_deref()),
-        backoff: outbox_relay::fetcher::CLAIM_BACKOFF,
+        backoff: outbox_pipeline::fetcher::CLAIM_BACKOFF,
         patience,
     }
     .until_up(|| open_unchecked(&config, args.outbox.as_deref()))

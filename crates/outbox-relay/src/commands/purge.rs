@@ -6,7 +6,7 @@ use crate::startup::open_selected;
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use outbox_core::{OutboxStore, PurgeTarget};
-use outbox_relay::janitor::{expiry_bound, PURGE_BATCH, PURGE_PAUSE};
+use outbox_pipeline::janitor::{expiry_bound, PURGE_BATCH, PURGE_PAUSE};
 use outbox_store::SeaOrmStore;
 use serde_json::{json, Map, Value};
 use tracing::info;

@@ -137,7 +137,7 @@ async fn open_dependencies(
         dependency: Dependency::Database,
         url: &urls,
         // The Fetcher's own steps for a database that stopped answering.
-        backoff: outbox_relay::fetcher::CLAIM_BACKOFF,
+        backoff: outbox_pipeline::fetcher::CLAIM_BACKOFF,
         patience,
     }
     .until_up(|| open_outboxes(config, config.database.migrate_on_start))

@@ -344,7 +344,7 @@ pub struct RelaySettings {
 pub struct LogSettings {
     /// `pretty` or `json`.
     pub format: Field<LogFormat>,
-    /// A tracing filter such as `info` or `outbox_relay=debug`; `RUST_LOG` wins.
+    /// A tracing filter such as `info` or `outbox_pipeline=debug`; `RUST_LOG` wins.
     pub level: String,
 }
 

@@ -471,7 +471,7 @@ const LEVELS: &str = "trace, debug, info, warn, error or off";
 pub(super) fn log_level(level: &str) -> Result<(), String> {
     let accepted = format!(
         "a level ({LEVELS}), or comma-separated directives such as \"info\" or \
-         \"warn,outbox_relay=debug\""
+         \"warn,outbox_pipeline=debug\""
     );
     if level.trim().is_empty() {
         return Err(accepted);
@@ -522,7 +522,7 @@ impl TelemetrySettings {
             return check.reject(
                 "otlp_endpoint",
                 redact_url(endpoint),
-                "\"\" in this build, which has no OpenTelemetry: build outbox-cli with \
+                "\"\" in this build, which has no OpenTelemetry: build outbox-relay with \
                  `--features otel` (the release and container builds do)",
             );
         }

@@ -44,7 +44,7 @@ pub(super) async fn claim(db: &DatabaseConnection, claim: &Claim<'_>) -> Result<
 /// copied into place as it arrives. sqlx reads a message into a buffer that grows to
 /// about three times the message's size (its read buffer doubles while it copies the
 /// socket's chunks in) and keeps it until the connection reads again: a 25 MiB envelope
-/// in one row took 78 MB of driver buffers beside the envelope itself (issue 17). In
+/// in one row took 78 MB of driver buffers beside the envelope itself (measured). In
 /// pieces the driver holds about three pieces. The server converts the payload once (the
 /// subquery is kept apart by `OFFSET 0`, so the pieces slice one value; text is sent as
 /// its UTF-8 bytes, which is what the client would have received).

@@ -158,7 +158,7 @@ fn set_fillfactor(cx: &Context<'_>) -> Result<Vec<String>, Error> {
 }
 
 /// PostgreSQL: leave more than half of every new heap page free, so that every row of a
-/// page can take its lease as a HOT update, not a third of them (issue 28: at 70, 56 % of
+/// page can take its lease as a HOT update, not a third of them (measured: at 70, 56 % of
 /// the leases found no room and wrote a new entry in each of the table's indexes). The
 /// cost: a new row takes about 1.5 times the pages until its versions are pruned.
 /// Existing pages keep their layout until rewritten. Why 45 and what it saves:
@@ -176,7 +176,7 @@ fn lower_fillfactor(cx: &Context<'_>) -> Result<Vec<String>, Error> {
 /// PostgreSQL: no index of every row by room. A mark cannot be HOT (it moves the row out
 /// of the pending indexes), so it writes an entry in every index whose predicate the
 /// published row meets; `(room_id, id)` over every row, which no statement of the relay
-/// reads, cost each mark an entry: 14 % of its buffers and 18 % of its WAL (issue 28).
+/// reads, cost each mark an entry: 14 % of its buffers and 18 % of its WAL (measured).
 /// Pending rows by room keep their index (the claim's per-room check); dead rows are
 /// found through `(status, published_at)`. A table of the relay's own only: a producer's
 /// index by another name is left alone. InnoDB and SQLite update only the indexes whose

@@ -181,7 +181,7 @@ fn concurrent_indexes(cx: &Context<'_>) -> Vec<String> {
         t.index(Index::Position)
     )];
     // Not the index of every row by room: `m20261204_000008_drop_room_outbox_room_index` drops it on PostgreSQL (every mark
-    // paid an entry in it; issue 28), and this step runs after it.
+    // paid an entry in it), and this step runs after it.
     let room = format!("IF NOT EXISTS {} ON ", t.index(Index::Room));
     statements.extend(
         indexes(cx)
@@ -214,7 +214,7 @@ pub(super) async fn finish(db: &DatabaseConnection, cx: &Context<'_>) -> Result<
     }
     // A position unique already (the primary key of a table the relay created, or a
     // producer's own index) needs no second index: every insert and every mark would pay
-    // an entry in it (issue 28).
+    // an entry in it.
     let mut params = Params::new(Dialect::Postgres);
     let (table, column) = (params.bind(t.as_str()), params.bind(position));
     let unique = db

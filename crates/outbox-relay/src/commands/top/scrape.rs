@@ -2,7 +2,7 @@
 //! outbox.
 
 use anyhow::{bail, Context as _};
-use outbox_relay::instruments;
+use outbox_pipeline::instruments;
 use prometheus_parse::{Scrape, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;

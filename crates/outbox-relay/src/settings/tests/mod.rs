@@ -504,9 +504,9 @@ fn unknown_log_format_is_rejected_listing_the_formats() {
 
 #[test]
 fn bad_log_level_is_rejected() {
-    let error = load("[log]\nlevel = \"outbox_relay=loud\"", &[]).unwrap_err();
+    let error = load("[log]\nlevel = \"outbox_pipeline=loud\"", &[]).unwrap_err();
     assert!(
-        error.contains("log.level") && error.contains("outbox_relay=loud"),
+        error.contains("log.level") && error.contains("outbox_pipeline=loud"),
         "{error}"
     );
 }

@@ -191,9 +191,9 @@ fn a_log_level_that_would_turn_logging_off_is_refused() {
     for level in [
         "warning",
         "debugg",
-        "outbox_relay",
+        "outbox_pipeline",
         "info,",
-        "outbox_relay=loud",
+        "outbox_pipeline=loud",
         "",
     ] {
         let error = load(&format!("[log]\nlevel = {level:?}"), &[]).unwrap_err();
@@ -207,7 +207,7 @@ fn a_log_level_that_would_turn_logging_off_is_refused() {
         "warn",
         "INFO",
         "off",
-        "warn,outbox_relay=debug",
+        "warn,outbox_pipeline=debug",
         "lapin=error,info",
     ] {
         load(&format!("[log]\nlevel = {level:?}"), &[]).unwrap_or_else(|e| panic!("{e}"));
