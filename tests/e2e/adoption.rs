@@ -22,7 +22,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 /// The longest a producer's insert may take while `migrate` adopts its table: the issue's
 /// goal, 200 ms. The 100 ms `lock_timeout` every migration statement runs under on
-/// PostgreSQL (docs/operations.md, "A large live table") is the longest an insert queues
+/// PostgreSQL (docs/producing/adopting.md#a-large-live-table is the longest an insert queues
 /// behind a statement waiting for its lock; the rest is the insert's own work and the
 /// milliseconds of a catalogue change once the lock is granted.
 const INSERT_BOUND: Duration = Duration::from_millis(200);
@@ -398,8 +398,7 @@ async fn mariadb_migrate_waits_out_a_long_transaction_a_second_at_a_time() {
 /// A table of 20,000 rows (some 1,300 heap pages: several backfill batches) adopted
 /// while a producer inserts as fast as its commits go: every row, old and new, ends with
 /// a distinct position; the old rows in their physical (here insert) order, the rows the
-/// producer inserted after them above them, in its order (docs/operations.md, "A large
-/// live table"). The relay then delivers every row, each key's in position order.
+/// producer inserted after them above them, in its order (docs/producing/adopting.md#a-large-live-table. The relay then delivers every row, each key's in position order.
 #[actix_rt::test]
 async fn rows_are_numbered_while_a_producer_inserts_and_relayed_in_position_order() {
     const OLD: i64 = 20_000;
@@ -680,7 +679,7 @@ async fn trigger_state(fixture: &Fixture) -> (String, Option<String>) {
 /// the first run fails in its finishing step (the producer's own position column has a
 /// duplicate, so its unique index cannot be built): the trigger stays off; once the
 /// duplicate is mended, the next run finishes and turns it on. A trigger the operator
-/// turned off afterwards (docs/operations.md) stays off through a later finishing step.
+/// turned off afterwards (docs/operations/wake-ups.md#what-the-notify-costs-the-producers) stays off through a later finishing step.
 #[actix_rt::test]
 async fn the_insert_trigger_is_on_once_the_adoption_finishes() {
     let fixture = Fixture::new(Backend::Postgres, "adopt_trigger").await;

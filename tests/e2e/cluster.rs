@@ -248,7 +248,7 @@ async fn a_broker_refusing_a_changed_password_is_a_warning_at_each_attempt() {
 }
 
 /// A node that accepts the TCP connection but never answers (a hung node) gives way to the
-/// next after `publish_timeout` (at least 1 s), as docs/operations.md says.
+/// next after `publish_timeout` (at least 1 s), as docs/operations/rabbitmq-cluster.md says.
 #[actix_rt::test]
 async fn a_node_that_accepts_but_never_answers_gives_way_to_the_next() {
     let hung = FaultProxy::start(broker()).await;

@@ -1,5 +1,5 @@
 //! Every event arrives once, byte for byte, with the message properties of
-//! `docs/design.md#publishing`, in room order.
+//! `docs/design/publishing.md`, in room order.
 
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use outbox_tests::{
@@ -174,8 +174,7 @@ async fn postgres_wake_ups_deliver_without_waiting_for_the_poll() {
 }
 
 /// A producer's transaction that took its id before a backlog and commits while the relay
-/// drains it, its claims starting at a scan floor above that id (docs/design.md, "The scan
-/// floor"): the late row is delivered, and before the row its room gets after it. The
+/// drains it, its claims starting at a scan floor above that id (docs/design/claim-plans.md#the-scan-floor: the late row is delivered, and before the row its room gets after it. The
 /// relay runs as a process with the Fetcher's debug log, whose `claimed` lines give the
 /// floor each claim started from, so the test knows the floor passed the late row.
 #[actix_rt::test]

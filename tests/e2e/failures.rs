@@ -295,7 +295,7 @@ async fn dead_events_are_listed_and_requeued_by_id_room_and_all() {
 /// published, once (before: 40–90 of these 300 went dead). And no unroutable event counts
 /// as published because its own bare ack was read before the confirm carrying its return
 /// (before the confirms were read through `Confirms`: 0–1 of 300 per run; with the id
-/// match alone, 21–60): docs/design.md#publishing, "Returns".
+/// match alone, 21–60): docs/design/publishing.md#returns.
 #[actix_rt::test]
 async fn returns_are_matched_to_their_own_events_whichever_confirm_brings_them() {
     let events: Vec<NewEvent> = outbox_tests::own_room_events("mix", 600, 600)

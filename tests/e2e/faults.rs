@@ -199,7 +199,7 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
     app.teardown().await;
 }
 
-/// The README's broker row: a lost connection is re-established and the exchanges declared
+/// The failure table's broker row: a lost connection is re-established and the exchanges declared
 /// again (here the exchange was deleted meanwhile), one `broker connection lost` warning
 /// and one `broker connection re-established` line.
 #[actix_rt::test]

@@ -1,4 +1,4 @@
-//! The log lines the README documents, each at its level and once per change: outcomes
+//! The log lines the docs document, each at its level and once per change: outcomes
 //! (`published` debug, `pending` warn, `dead` error), `database unavailable` and `database
 //! available again`, `status=batch_failed`, readiness changes.
 

@@ -67,9 +67,9 @@ mod outboxes;
 /// A least-privilege role on PostgreSQL and MariaDB relays; a missing privilege is named
 /// by `check-config` and `run` (exit code 2).
 mod privileges;
-/// `enqueue` in the caller's transaction, the README's plain INSERT, the trace context.
+/// `enqueue` in the caller's transaction, the docs' plain INSERT, the trace context.
 mod producer;
-/// Promises of the README no other module keeps: `RUST_LOG` over `log.level`, who
+/// Promises of the docs no other module keeps: `RUST_LOG` over `log.level`, who
 /// requeued, the `node_id` default, `amqp.content_type`, the demo, one-shot commands
 /// failing at once.
 mod promises;

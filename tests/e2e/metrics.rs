@@ -200,7 +200,7 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
         );
     }
     // The database server of the failover counter: `host:port`, no URL, no user; and no
-    // URL anywhere in the text (README: the endpoint serves none).
+    // URL anywhere in the text (the docs: the endpoint serves none).
     let database_url = url::Url::parse(&app.database.url).expect("the test's database URL");
     let server = format!(
         "server=\"{}:{}\"",
@@ -226,7 +226,7 @@ async fn metrics_after_a_1000_event_run_count_every_publish_and_time_the_confirm
         ("process_resident_memory_bytes", 1_000_000.0),
         // The listener, the database pool, the broker connection at least.
         ("process_open_fds", 3.0),
-        // Present (the check is the `Some`): it counts whole seconds (README), and a
+        // Present (the check is the `Some`): it counts whole seconds (the docs), and a
         // 1,000-event run may take less than one, so no value above 0 can be promised.
         ("process_cpu_seconds_total", 0.0),
         ("process_threads", 2.0),

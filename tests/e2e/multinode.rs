@@ -1,4 +1,4 @@
-//! Several `outbox-relay run` processes on one table (`docs/design.md#claims-leases-and-ordering`).
+//! Several `outbox-relay run` processes on one table (`docs/design/claims.md`).
 
 use outbox_tests::{
     assert_room_order, event, eventually, own_room_events, per_backend, room_events, Backend,
@@ -107,7 +107,7 @@ async fn a_killed_node_loses_nothing_and_others_take_over_after_its_lease() {
         .await;
     let duplicates = app.expect_every_event("kill test", &seeded).await;
     stop_nodes(nodes).await;
-    // The README: duplicates after a crash are bounded by 4 × batch_size (what it had in
+    // The docs: duplicates after a crash are bounded by 4 × batch_size (what it had in
     // flight or confirmed but not marked).
     assert!(
         duplicates <= 4 * BATCH_SIZE,

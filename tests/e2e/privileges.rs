@@ -1,4 +1,4 @@
-//! A least-privilege role (docs/operations.md#database-privileges): with `migrate` run by
+//! A least-privilege role (docs/security.md#database-privileges): with `migrate` run by
 //! the table's owner, a relay whose role has only `SELECT, INSERT, UPDATE, DELETE` on the
 //! outbox and its companion tables delivers every event; `check-config` and `run` name a
 //! privilege it lacks (exit code 2) instead of the first claim failing.
@@ -19,7 +19,7 @@ struct RelayRole {
 }
 
 impl RelayRole {
-    /// Creates the role and grants it the statements of docs/operations.md.
+    /// Creates the role and grants it the statements of docs/security.md#database-privileges.
     async fn create(backend: Backend, admin_url: &str, table: &str) -> Self {
         let name = unique_name("relay_role");
         let password = "Role-pw-2c81".to_owned();

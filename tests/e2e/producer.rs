@@ -1,5 +1,5 @@
 //! The producer side: `enqueue` inside the service's own transaction, the plain SQL INSERT
-//! of the README for producers in other languages, and the trace context they carry.
+//! of the docs for producers in other languages, and the trace context they carry.
 
 use outbox_store::{enqueue, NewEvent};
 use outbox_tests::{per_backend, Backend, TestApp, TestDatabase};
@@ -103,7 +103,7 @@ async fn enqueue_commits_and_rolls_back_with_the_callers_transaction(backend: Ba
 
 per_backend!(enqueue_commits_and_rolls_back_with_the_callers_transaction: postgres, sqlite, mariadb);
 
-/// The README's INSERT for producers in other languages; the same text on every backend.
+/// The docs' INSERT for producers in other languages; the same text on every backend.
 async fn traceparent_in_a_rows_headers_arrives_in_the_amqp_headers(backend: Backend) {
     let mut app = TestApp::on(backend).binding("room.#").build().await;
     let database = &app.database;

@@ -1,4 +1,4 @@
-//! Promises of the README no other module keeps: `RUST_LOG` over `log.level`, `dead requeue`
+//! Promises of the docs no other module keeps: `RUST_LOG` over `log.level`, `dead requeue`
 //! logging who requeued what (one field per option), the `node_id` default,
 //! `amqp.content_type`, the demo and its "duplicates 0", one-shot commands failing at once
 //! where nothing listens.
@@ -199,7 +199,7 @@ async fn the_demo_relays_every_event_and_reports_no_duplicates() {
 }
 
 /// `status`, `dead`, `purge` and `check-config` do not wait for a database nothing
-/// listens for (docs/operations.md): each ends at once, saying `connection refused`; the
+/// listens for (docs/commands.md#exit-codes): each ends at once, saying `connection refused`; the
 /// first three exit 1, `check-config` warns and exits 0.
 #[actix_rt::test]
 async fn one_shot_commands_fail_at_once_where_nothing_listens() {
@@ -227,7 +227,7 @@ async fn one_shot_commands_fail_at_once_where_nothing_listens() {
         let said = format!("{}{}", stdout(&output), stderr(&output));
         assert!(said.contains("connection refused"), "{args:?}: {said}");
         if args == ["check-config"] {
-            // docs/operations.md: an unreachable database is a warning, so the check can
+            // docs/commands.md#before-the-first-run: an unreachable database is a warning, so the check can
             // run before the services are up.
             assert_eq!(output.status.code(), Some(0), "{args:?}: {said}");
             assert!(said.contains("# warning:"), "{args:?}: {said}");
@@ -238,7 +238,7 @@ async fn one_shot_commands_fail_at_once_where_nothing_listens() {
     app.teardown().await;
 }
 
-/// Outboxes with the same database URL share one pool (README, "Several outboxes"): with
+/// Outboxes with the same database URL share one pool (docs/producing/several-outboxes.md): with
 /// `database.max_connections = 1`, a transaction open through one outbox's store leaves
 /// the other's waiting for the pool's one connection; an outbox on another URL has a pool
 /// of its own and is not held up.

@@ -1,4 +1,4 @@
-//! The binary's answers to bad and overridden settings (`docs/design.md#settings`).
+//! The binary's answers to bad and overridden settings (`docs/configuration.md`).
 
 use outbox_tests::output::{stderr, stdout};
 use outbox_tests::OutputInTime as _;

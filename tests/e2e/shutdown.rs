@@ -1,4 +1,4 @@
-//! SIGTERM on the real binary (`docs/design.md#shutdown`).
+//! SIGTERM on the real binary (`docs/design/shutdown.md`).
 
 use outbox_relay::settings::Settings;
 use outbox_tests::{
@@ -118,7 +118,7 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
         "sigterm test: {published} published before SIGTERM (in {took:?}), {} deliveries for {EVENTS} events, {duplicates} duplicates",
         deliveries.len()
     );
-    // The README: "A graceful shutdown produces none."
+    // The docs: "A graceful shutdown produces none."
     assert_eq!(duplicates, 0, "a graceful shutdown produces no duplicates");
     let _ = std::fs::remove_file(&first.log);
     app.teardown().await;

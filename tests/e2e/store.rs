@@ -346,7 +346,7 @@ async fn runners_started_together_migrate_one_table(backend: Backend) {
 
 per_backend!(runners_started_together_migrate_one_table: postgres, mariadb);
 
-/// The scan floor (docs/design.md#claims-leases-and-ordering, "The scan floor"): a claim
+/// The scan floor (docs/design/claim-plans.md#the-scan-floor: a claim
 /// says where the pending rows begin; a claim from a floor takes nothing below it, and
 /// under `per_room` a pending row below it (committed late) holds back its room's later
 /// rows instead of being overtaken, unless the claiming node holds its lease.

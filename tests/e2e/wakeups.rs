@@ -1,4 +1,4 @@
-//! Insert wake-ups (docs/design.md#wake-ups-and-backoff): with `relay.poll_interval` at
+//! Insert wake-ups (docs/design/wake-ups.md): with `relay.poll_interval` at
 //! 60 s a poll cannot be what delivers, so a lone event arriving in milliseconds was
 //! noticed by the backend's mechanism (NOTIFY, the `MAX(id)` probe, `PRAGMA data_version`).
 
@@ -292,7 +292,7 @@ async fn each_backend_starts_its_own_feed(backend: Backend) {
 
 per_backend!(each_backend_starts_its_own_feed: postgres, sqlite, mariadb);
 
-/// With the insert trigger disabled (docs/operations.md: to spare the producers its
+/// With the insert trigger disabled (docs/operations/wake-ups.md#what-the-notify-costs-the-producers: to spare the producers its
 /// NOTIFY), a node left with `notify = true` says so and probes: a lone event still
 /// arrives within a second.
 #[actix_rt::test]

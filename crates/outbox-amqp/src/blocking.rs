@@ -5,7 +5,7 @@
 //! `connection.unblocked` when the alarm clears. A publish sent meanwhile is not lost, only
 //! held: timing it out and publishing it again would deliver it twice once the alarm ends.
 //! So publishes wait while the broker blocks, and their `publish_timeout` runs only while
-//! it does not ([`Blocking::clock`]). See docs/design.md#broker-alarms.
+//! it does not ([`Blocking::clock`]). See docs/design/broker.md#broker-alarms.
 
 use futures_lite::StreamExt;
 use lapin::{Connection, Event};

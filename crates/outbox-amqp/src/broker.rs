@@ -157,7 +157,7 @@ impl std::fmt::Debug for AmqpSettings {
 /// While the connection is down, a request for a channel reconnects at most once per
 /// [`BACKOFF`] step and otherwise fails at once; publishes wait for the broker before they
 /// start ([`Outage`]), so an outage costs no event an attempt. See
-/// docs/design.md#wake-ups-and-backoff.
+/// docs/design/broker.md#broker-outages.
 #[derive(Debug)]
 pub struct Broker {
     link: Arc<Link>,

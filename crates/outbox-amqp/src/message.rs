@@ -1,4 +1,4 @@
-//! How a record becomes an AMQP message: its properties and headers (docs/design.md#publishing).
+//! How a record becomes an AMQP message: its properties and headers (docs/design/publishing.md).
 
 use crate::APP_ID;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};

@@ -5,7 +5,7 @@
 //! a log line. So while the link has no connection, a publish waits for one before its
 //! `publish_timeout` starts, the rows in flight stay where they are, and the Fetcher's
 //! in-flight bound stops claims. The link logs the outage once when it begins and once
-//! when it ends, with how long it lasted and what waited (docs/design.md#broker-outages).
+//! when it ends, with how long it lasted and what waited (docs/design/broker.md#broker-outages).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -23,7 +23,7 @@ pub(crate) const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_
 /// A channel that closed (a channel error, or the connection lost) is replaced by a new
 /// one from the link on the next publish; only this publisher's channel is affected.
 /// Confirms are read through the channel's [`Confirms`], which matches each
-/// `basic.return` to its own message (docs/design.md#publishing, "Returns").
+/// `basic.return` to its own message (docs/design/publishing.md#returns.
 #[derive(Debug)]
 pub struct AmqpPublisher {
     channel: Mutex<Option<Arc<Open>>>,

@@ -1,5 +1,5 @@
 //! [`PublishSpan`]: the OpenTelemetry producer span of one published event
-//! (docs/design.md#tracing), when the `otel` feature is on and [`enable`] was called.
+//! (docs/design/observability.md#tracing), when the `otel` feature is on and [`enable`] was called.
 //!
 //! The span follows OTel's messaging conventions (a `PRODUCER` span named
 //! `publish <exchange>`), is parented to the row's `traceparent`/`tracestate` when its

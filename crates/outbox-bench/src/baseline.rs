@@ -174,7 +174,7 @@ pub async fn run(
     Ok(best)
 }
 
-/// The properties and headers a relayed event carries (`docs/design.md#publishing`), so
+/// The properties and headers a relayed event carries (`docs/design/publishing.md`), so
 /// that the broker does the same work per message for the baseline as for the relay.
 fn message_properties(n: i64) -> BasicProperties {
     let mut headers = FieldTable::default();

@@ -1,7 +1,7 @@
 //! The whole cost of a run: beside the relay's own CPU, the database server's and the
 //! broker's CPU (from /proc, over the same window), and on PostgreSQL the WAL it wrote and
 //! the work its statistics count. `drain`, `history`, `baseline` and `idle` read them here
-//! (BENCHMARKS.md, "The whole cost").
+//! (BENCHMARKS.md, "How to read the figures").
 
 use crate::process;
 use crate::scenario::round;

@@ -1,5 +1,5 @@
 //! `idle`: what a relay with nothing to do costs — its own CPU, and the database's queries
-//! and CPU — so that the wake-ups' price is a figure (BENCHMARKS.md, wake-ups).
+//! and CPU — so that the wake-ups' price is a figure (docs/decisions/0016-wake-ups.md).
 
 use crate::cost::DbServer;
 use crate::process;

@@ -42,7 +42,7 @@ pub struct LatencyArgs {
 }
 
 impl LatencyArgs {
-    /// The wake-up mechanism these options leave the relay (docs/design.md#wake-ups-and-backoff):
+    /// The wake-up mechanism these options leave the relay (docs/design/wake-ups.md#insert-feeds):
     /// `notify`, `probe`, `data_version`, or `none` (polling only).
     fn wake_ups(&self) -> &'static str {
         match self.backend {

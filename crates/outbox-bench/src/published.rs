@@ -2,7 +2,7 @@
 //! `drain` learns that every row is marked from it, and asks the database only to confirm
 //! (and once a second meanwhile, in case some events end otherwise). Asking the database
 //! every 10 ms, as `drain` did, cost the relay's process and the database a share of what
-//! they were being measured for (BENCHMARKS.md, "The bench's question").
+//! they were being measured for (docs/decisions/0026-bench-ends-on-the-published-count.md).
 //!
 //! A `metrics` recorder that keeps one number, the sum of every
 //! [`EVENTS_PUBLISHED`] counter: every other metric is a no-op, as it was without a

@@ -6,7 +6,7 @@ use std::time::Duration;
 /// after every failure up to `cap`, and each wait is drawn uniformly from `[step / 2,
 /// step]`. Jittered so that nodes that lost the database or broker together do not retry
 /// in lockstep; equal rather than full jitter so a wait is never near zero (an outage is
-/// not hammered) and `cap` stays the longest wait. See docs/design.md#wake-ups-and-backoff.
+/// not hammered) and `cap` stays the longest wait. See docs/design/reconnecting.md#backoff.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backoff {
     /// The step after a success: the longest first wait.

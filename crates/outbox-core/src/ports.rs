@@ -1,6 +1,6 @@
 //! The ports through which the relay reaches the world. Actors hold them as `Arc<dyn …>`
 //! (or own a `Box<dyn …>`); outbox-store and outbox-amqp implement them for real, unit tests
-//! fake them. See docs/design.md#the-ports.
+//! fake them. See docs/design/overview.md#the-ports.
 
 use crate::options::Ordering;
 use crate::outcome::MarkBatch;
@@ -86,7 +86,7 @@ impl PublishError {
     /// (`retry_count`, `relay.max_attempts`): no queue for its routing key, a nack, no
     /// exchange of its name, a body or headers the broker cannot take. A timeout or a lost
     /// channel or connection is the broker's outage, nobody's fault: the event keeps its
-    /// attempts and is published once the broker is back (docs/design.md#outcomes).
+    /// attempts and is published once the broker is back (docs/design/outcomes.md).
     pub fn counts_as_attempt(&self) -> bool {
         match self {
             PublishError::Unroutable { .. }

@@ -1,4 +1,4 @@
-//! Which exchange and routing key an event is published with (docs/design.md#publishing).
+//! Which exchange and routing key an event is published with (docs/design/publishing.md).
 
 use thiserror::Error;
 

@@ -118,7 +118,7 @@ pub struct Fetcher {
     /// A failed claim may have committed with its answer lost, leaving rows leased to this
     /// node that no publisher holds (later rows of their keys could overtake them). So no
     /// claim starts while rows are in flight, and the next one first releases this node's
-    /// leases: with nothing in flight, exactly those. See docs/design.md#claims-leases-and-ordering.
+    /// leases: with nothing in flight, exactly those. See docs/design/claims.md#releases.
     unsure: bool,
     /// Between claims while they fail.
     backoff: Backoff,
@@ -129,7 +129,7 @@ pub struct Fetcher {
     /// New rows wake the Scheduler themselves ([`InsertsAnnounced`]): then only a
     /// `deferred` claim needs a [`Marked`] to wake it, since a written outcome makes no row
     /// claimable for this node. Without announcements every Marked wakes the Scheduler, so
-    /// the relay keeps looking for new events. See docs/design.md#wake-ups-and-backoff.
+    /// the relay keeps looking for new events. See docs/design/wake-ups.md#outcome-wake-ups.
     announced: bool,
     /// `outbox_claim_batch_size`.
     sizes: ClaimSizes,

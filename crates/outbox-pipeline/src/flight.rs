@@ -5,7 +5,7 @@
 //! trip through the runtime's inject queue and a wake-up of its driver. Publishes of one
 //! claim are handed off and confirmed in bursts: in one task, a burst wakes it once, and
 //! only the publishes whose promise resolved are polled (`FuturesUnordered`).
-//! docs/design.md#publishing says how the Publisher uses it.
+//! docs/design/publishing.md#the-publisher-and-its-flight says how the Publisher uses it.
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;

@@ -1,7 +1,7 @@
 //! [`ScanFloor`]: where the Fetcher's claims start their scan of the pending rows while it
 //! drains a backlog, so that a claim's reads follow the pending work and not the dead index
 //! entries the last minutes' marks left at the head
-//! (docs/design.md#claims-leases-and-ordering, "The scan floor").
+//! (docs/design/claim-plans.md#the-scan-floor.
 
 use outbox_core::Claimed;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The relay's metrics, recorded through the `metrics` facade only: the binary picks the
 //! recorder, and without one every handle is a no-op. Each actor resolves its handles once
 //! when it is built (an atomic add per event, no name lookup), so the recorder must be
-//! installed before the relay starts. See docs/design.md#logs-metrics-and-health.
+//! installed before the relay starts. See docs/design/observability.md#metrics.
 
 use crate::marker::Resolution;
 use metrics::{

@@ -1,4 +1,4 @@
-//! The relay's actors and its lifecycle (docs/design.md#the-pipeline, #shutdown).
+//! The relay's actors and its lifecycle (docs/design/pipeline.md, docs/design/shutdown.md).
 //!
 //! ```text
 //! Scheduler --Tick--> Fetcher --Publish--> Publisher[0..N] --Outcome--> Marker

@@ -19,7 +19,7 @@ pub const BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::
 /// connection, or one re-established after a loss (notifications may have been missed).
 /// A feed that cannot connect is retried with [`BACKOFF`], and the Fetcher is told
 /// ([`InsertsAnnounced`]) whether the feed is listening. Polling goes on regardless, so a
-/// lost feed only costs latency. See docs/design.md#wake-ups-and-backoff.
+/// lost feed only costs latency. See docs/design/wake-ups.md#insert-feeds.
 pub struct Listener {
     /// The feed; taken out while a wait is under way.
     feed: Option<Box<dyn InsertFeed>>,

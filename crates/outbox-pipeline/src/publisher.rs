@@ -47,11 +47,11 @@ struct Finished {
 /// One publisher of the pool: one confirm channel (the [`EventPublisher`] port), many
 /// publishes in flight, carried by one task on the actor's thread (its `Flight`,
 /// flight.rs) that reports each end through one stream of the actor
-/// (docs/design.md#publishing: why not `ctx.spawn`, why not a task per publish).
+/// (docs/design/publishing.md#the-publisher-and-its-flight: why not `ctx.spawn`, why not a task per publish).
 /// Under `per_room` ordering a key has one unconfirmed message at a time, and a failure
 /// releases the key's waiting records and holds the key until [`Unhold`] says its
 /// outcomes are written, so no later row overtakes them. See
-/// docs/design.md#claims-leases-and-ordering.
+/// docs/design/claims.md#the-per-room-rule.
 pub struct Publisher {
     /// The confirm channel.
     port: Arc<dyn EventPublisher>,

@@ -1,4 +1,4 @@
-//! [`Relay`]: starts the actors, wired as docs/design.md#the-pipeline draws them, and stops
+//! [`Relay`]: starts the actors, wired as docs/design/pipeline.md draws them, and stops
 //! them in order.
 
 use crate::fetcher::{Fetcher, PublisherHandle, Stop, StopClaiming};
@@ -27,7 +27,7 @@ const MARK_DELAY: Duration = Duration::from_millis(5);
 /// Rows in flight (claimed, outcome not yet written), in claim batches. Two were enough
 /// while a claim waited for its commit's fsync; four keep claims going back to back when
 /// a flush is slow, and bound memory to a few hundred records (measured: no loss at 4,
-/// none gained at 8; see BENCHMARKS.md).
+/// none gained at 8; docs/decisions/0003-in-flight-window.md).
 const IN_FLIGHT_BATCHES: usize = 4;
 
 /// Most outcomes in one flush (SQLite allows 32,766 bound values in a statement, MySQL
@@ -206,7 +206,7 @@ impl Relay {
         }
     }
 
-    /// Stops in order (docs/design.md#shutdown): no more wake-ups, ticks or claims;
+    /// Stops in order (docs/design/shutdown.md): no more wake-ups, ticks or claims;
     /// publishers finish what is in flight and release the rest; channels close; the Marker
     /// writes every outcome; the Janitor's last DELETE ends; leases this node still holds
     /// are cleared. Bounded by `shutdown_timeout`.

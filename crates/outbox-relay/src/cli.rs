@@ -1,4 +1,4 @@
-//! The command line; README.md ("Commands") shows it whole.
+//! The command line; docs/reference/commands.md shows it whole (generated from it).
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ Settings, each layer overriding the one before:
      config/default.toml, skipped when absent);
   3. environment variables OUTBOX_RELAY__SECTION__KEY, e.g. OUTBOX_RELAY__AMQP__URL or
      OUTBOX_RELAY__DATABASE__PASSWORD.
-Every key is listed in README.md (\"Settings\"); `outbox-relay check-config` prints the
+Every key is listed in docs/reference/settings.md; `outbox-relay check-config` prints the
 result with secrets redacted. --config is accepted before or after the command.
 
 Exit codes:

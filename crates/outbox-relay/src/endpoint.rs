@@ -1,5 +1,5 @@
 //! The metrics and health endpoint of `outbox-relay run`, on `metrics.listen`
-//! (`docs/design.md#logs-metrics-and-health`):
+//! (`docs/design/observability.md#health`):
 //!
 //! - `GET /metrics`: every metric in the Prometheus text format, labelled `node_id`: the
 //!   relay's, `outbox_up{dependency}` (the flags `/readyz` reads), `outbox_relay_build_info`
@@ -220,6 +220,19 @@ fn bind_error(listen: SocketAddr, error: std::io::Error) -> anyhow::Error {
     )))
 }
 
+/// Registers the help text and unit of every metric of the relay (besides the standard
+/// `process_*` ones) with the installed recorder: what `/metrics` says of each, and what
+/// the book's metrics reference is generated from.
+pub fn describe_metrics() {
+    instruments::describe();
+    metrics::describe_counter!(
+        outbox_store::failover::FAILOVERS,
+        metrics::Unit::Count,
+        "Times a database server answered that it takes no writes (a failover): the pool \
+         dropped its connections and connected again."
+    );
+}
+
 impl Endpoint {
     /// Installs the Prometheus recorder (labelling every metric `node_id`) and starts
     /// serving on `listen`. Must run before the relay starts: the actors take their metric
@@ -229,13 +242,7 @@ impl Endpoint {
         let prometheus = recorder(node_id)?
             .install_recorder()
             .context("cannot install the metrics recorder")?;
-        instruments::describe();
-        metrics::describe_counter!(
-            outbox_store::failover::FAILOVERS,
-            metrics::Unit::Count,
-            "Times a database server answered that it takes no writes (a failover): the pool \
-             dropped its connections and connected again."
-        );
+        describe_metrics();
         let process = metrics_process::Collector::default();
         process.describe();
         metrics::gauge!(instruments::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);

@@ -199,7 +199,7 @@ pub async fn migrate_table(store: &SeaOrmStore) -> anyhow::Result<Vec<&'static s
         "cannot migrate table {table}: {text}; migrating needs a role that may create and \
          alter the table (on PostgreSQL its owner): run `outbox-relay migrate` as that role, \
          and set database.migrate_on_start = false for a role that only relays \
-         (docs/operations.md#database-privileges)"
+         (docs/security.md#database-privileges)"
     ))
     .into())
 }

@@ -1,4 +1,4 @@
-//! OpenTelemetry export of the publish spans (docs/design.md#tracing): with the `otel`
+//! OpenTelemetry export of the publish spans (docs/design/observability.md#tracing): with the `otel`
 //! feature and `telemetry.otlp_endpoint` set, `run` installs a tracer provider that sends
 //! batches of spans over OTLP/HTTP (protobuf) and turns on outbox-amqp's publish spans.
 //! Without the feature the endpoint must be empty (settings refuse it otherwise), and

@@ -3,7 +3,7 @@
 //! Plain text unless the URL asks for TLS: sqlx would otherwise negotiate TLS whenever
 //! the server offers it ("prefer": 10–15% of throughput on loopback, no certificate
 //! check, silent fallback to plain text). Ask for TLS with `sslmode=require` /
-//! `ssl-mode=required` or stricter (README.md#security).
+//! `ssl-mode=required` or stricter (docs/security.md#tls).
 
 /// The URL to hand to sqlx for `url`: `mariadb://` becomes `mysql://` (the scheme sea-orm
 /// knows), and PostgreSQL and MySQL URLs without a TLS mode get the plain-text one (see the

@@ -22,14 +22,14 @@ pub(crate) enum Dialect {
 /// PostgreSQL, first statement of a transaction: walk the indexes, never a sequential or
 /// bitmap scan, for this transaction only. With statistics that lag behind the queue the
 /// planner scans every published row or collects every candidate before the `LIMIT`: a
-/// claim took 454 ms instead of 3.4 ms at 10,000 pending rows (README.md#choices).
+/// claim took 454 ms instead of 3.4 ms at 10,000 pending rows (docs/design/claims.md#the-claim-on-each-backend).
 pub(crate) const PIN_INDEX_PLAN: &str =
     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)";
 
 /// PostgreSQL: the relay's own bookkeeping (leases, outcomes) commits without waiting for
 /// the WAL flush, for that transaction only. A database crash can then lose the last few
 /// hundred milliseconds of leases and outcomes: those rows are published again, as after
-/// an expired lease (duplicates, never a lost event; see docs/design.md#outcomes).
+/// an expired lease (duplicates, never a lost event; see docs/design/outcomes.md#cheap-commits).
 const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off";
 
 /// How SQLite stores timestamps: the format of `strftime('%Y-%m-%d %H:%M:%f')`.

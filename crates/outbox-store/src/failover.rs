@@ -1,5 +1,5 @@
 //! Following the database through a failover: a pool never keeps working on a server that
-//! cannot take writes (docs/operations.md#database-failover).
+//! cannot take writes (docs/operations/failover.md).
 //!
 //! Patroni, RDS and Aurora move the writer and then the name or address the relay connects
 //! to; a pooled connection opened before the move stays on the old server, which is now a

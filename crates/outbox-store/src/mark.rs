@@ -1,5 +1,5 @@
 //! Writing outcomes and leases: [`SeaOrmStore::mark_batch`] (the Marker's flush), and
-//! releasing and renewing a node's leases. The outcome rules: docs/design.md#outcomes.
+//! releasing and renewing a node's leases. The outcome rules: docs/design/outcomes.md.
 
 use crate::dialect::{Dialect, Params};
 use crate::sql::Index;

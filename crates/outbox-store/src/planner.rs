@@ -10,7 +10,7 @@
 //! is fewer than a claim takes while the table holds that many, analyzes the table's
 //! `status` column from a small sample. A claim that runs past [`CLAIM_TIMEOUT`] is
 //! cancelled and checks before it is claimed again. Why:
-//! docs/design.md#claims-leases-and-ordering, "Statistics".
+//! docs/design/claim-plans.md#statistics.
 
 use crate::sql::{TableName, PENDING};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, RuntimeErr, TransactionTrait};
@@ -222,7 +222,7 @@ impl StatisticsWatch {
                     "the planner's statistics are stale and analyzing the table's status \
                      column did not refresh them (does the relay's role own the table? is the \
                      backlog too small a share of the table for the sample?); claims may be \
-                     slow until the table is analyzed (docs/operations.md#autovacuum-postgresql)"
+                     slow until the table is analyzed (docs/operations/autovacuum.md#statistics)"
                 );
                 Some(now + CHECK_INTERVAL)
             }
@@ -231,7 +231,7 @@ impl StatisticsWatch {
                     table = %table,
                     error = %error,
                     "could not check or refresh the planner's statistics; claims may be slow \
-                     until the table is analyzed (docs/operations.md#autovacuum-postgresql)"
+                     until the table is analyzed (docs/operations/autovacuum.md#statistics)"
                 );
                 Some(now + CHECK_INTERVAL)
             }

@@ -1,7 +1,7 @@
 //! Whether the connected role may do what the relay does to its tables: read and update
 //! the outbox (and delete from it, with retention), and lock its `<table>_lock` row for
 //! claims. Asked at start so that a missing grant is named, with the statement that gives
-//! it, instead of failing the first claim (docs/operations.md#database-privileges).
+//! it, instead of failing the first claim (docs/security.md#database-privileges).
 //!
 //! PostgreSQL answers from its catalogue (`has_table_privilege`); MySQL and MariaDB by
 //! statements that touch no row (`WHERE 1 = 0`), which they refuse with error 1142 when

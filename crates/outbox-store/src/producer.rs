@@ -2,7 +2,7 @@
 //!
 //! Producers insert only `event_id, event_type, room_id, envelope` and optionally
 //! `headers` and `available_at`; every other column has a default
-//! (docs/design.md#the-outbox-table).
+//! (docs/producing/events.md#inserting-an-event).
 //!
 //! A Rust service calls [`enqueue`] inside the sea-orm transaction that changes its own
 //! state, so the event commits, or rolls back, with that change:

@@ -1,4 +1,4 @@
-//! The outbox row (docs/design.md#the-outbox-table) as statements read it.
+//! The outbox row (docs/producing/events.md#the-outbox-table) as statements read it.
 //!
 //! The table name is a setting (`database.table`), so there is no sea-orm entity: every
 //! statement names the table through [`crate::TableName`] and reads rows into these
@@ -194,7 +194,7 @@ fn read_extra(
 /// Runs `statement` on `conn` and reads each row of its answer with `read` as it
 /// arrives. Each driver row is dropped once read, so a claim of large envelopes holds
 /// their bytes about once (ours), not twice (the driver's whole answer and ours): what
-/// the relay's peak memory follows (docs/operations.md, "Memory and large envelopes").
+/// the relay's peak memory follows (docs/operations/sizing.md#memory-and-large-envelopes.
 pub(crate) async fn read_each<C: StreamTrait, T>(
     conn: &C,
     statement: Statement,

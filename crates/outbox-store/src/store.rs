@@ -148,7 +148,7 @@ impl SeaOrmStore {
 
     /// The same store with claims cancelled after `timeout` instead of 1 s (PostgreSQL):
     /// a cancelled claim checks the planner's statistics and claims again
-    /// (docs/design.md#claims-leases-and-ordering, "Statistics").
+    /// (docs/design/claim-plans.md#statistics.
     pub fn with_claim_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.statistics = Arc::new(StatisticsWatch::with_claim_timeout(timeout));
         self

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 /// Waits for the database and the broker while they are unreachable (within
 /// `relay.startup_timeout`), then runs until SIGINT or SIGTERM and shuts down gracefully
-/// (`docs/design.md#shutdown`); a second signal forces the stop. Serves metrics and health
+/// (`docs/design/shutdown.md`); a second signal forces the stop. Serves metrics and health
 /// on `metrics.listen` meanwhile, from before the wait.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut signals = StopSignals::install().context("cannot install signal handlers")?;
@@ -120,7 +120,7 @@ impl std::error::Error for ForcedStop {}
 
 /// Opens every outbox's database (migrating it when `database.migrate_on_start`), then the
 /// broker, each waited for while it is unreachable, within `relay.startup_timeout`
-/// altogether (`docs/operations.md#starting-while-the-database-or-the-broker-is-down`).
+/// altogether (`docs/operations/starting.md`).
 async fn open_dependencies(
     config: &Config,
     endpoint: Option<&Endpoint>,

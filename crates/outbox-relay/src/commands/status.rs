@@ -87,10 +87,10 @@ fn print_stats(stats: &OutboxStats) -> Result<(), super::OutputError> {
 pub const AUTOVACUUM_OFF: &str = "autovacuum is off for this table: the dead versions of \
 marked rows and their index entries are never removed, so the table grows and every \
 claim from the oldest pending row reads more; turn it on, see \
-docs/operations.md#autovacuum-postgresql";
+docs/operations/autovacuum.md#autovacuum-off";
 
 /// Published rows at least this many, and this share of the table, without retention: worth
-/// a hint (docs/operations.md#retention gives the throughput they cost).
+/// a hint (docs/operations/retention.md#what-history-costs gives the throughput they cost).
 const HINT_MIN_PUBLISHED: u64 = 100_000;
 const HINT_MIN_SHARE: f64 = 0.9;
 
@@ -107,7 +107,7 @@ fn retention_hint(stats: &OutboxStats, retention_on: bool) -> Option<String> {
         None => String::new(),
     };
     Some(format!(
-        "{}{} published rows kept{size}; set relay.retention to delete them, see docs/operations.md#retention",
+        "{}{} published rows kept{size}; set relay.retention to delete them, see docs/operations/retention.md",
         if stats.published_estimated { "~" } else { "" },
         thousands(stats.published)
     ))
@@ -252,7 +252,7 @@ mod tests {
         large.published = 5_000_000;
         assert_eq!(
             retention_hint(&large, false).as_deref(),
-            Some("5,000,000 published rows kept (4.6 GB); set relay.retention to delete them, see docs/operations.md#retention")
+            Some("5,000,000 published rows kept (4.6 GB); set relay.retention to delete them, see docs/operations/retention.md")
         );
         assert_eq!(retention_hint(&large, true), None, "retention is on");
         large.published_estimated = true;

@@ -1,4 +1,4 @@
-//! Settings (`docs/design.md#settings`): layered, then validated in one place before
+//! Settings (`docs/configuration.md#validation`): layered, then validated in one place before
 //! anything connects.
 //!
 //! - [`shape`]: the file's shape and its defaults ([`Settings`]), as written.

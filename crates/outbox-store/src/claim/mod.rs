@@ -1,7 +1,7 @@
 //! The claim: lease up to `limit` publishable rows to a node, oldest id first. One file
 //! per backend, since the statements differ as a whole (RETURNING, row locks, how plans
 //! are kept on the indexes); the conditions that make a row publishable are shared here.
-//! The rules: docs/design.md#claims-leases-and-ordering.
+//! The rules: docs/design/claims.md.
 
 mod mysql;
 mod postgres;
@@ -42,7 +42,7 @@ impl SeaOrmStore {
     /// The plan of a claim for `request` with `EXPLAIN (ANALYZE, BUFFERS)`: run as the
     /// relay runs it, then rolled back (nothing is leased). PostgreSQL only (`None`
     /// elsewhere): for diagnostics, and for the test that keeps the claim's reads bounded
-    /// by the pending rows (docs/design.md#claims-leases-and-ordering, "The scan floor").
+    /// by the pending rows (docs/design/claim-plans.md#the-scan-floor.
     pub async fn explain_claim(&self, request: &ClaimRequest) -> Result<Option<String>, Error> {
         let claim = self.claim_for(request);
         match claim.dialect {
@@ -124,13 +124,13 @@ impl Claim<'_> {
         );
         if let Some(floor) = request.floor {
             // The scan starts at the floor instead of the pending index's head, whose
-            // entries the last minutes' marks left dead (docs/design.md#claims-leases-and-ordering, "The scan floor").
+            // entries the last minutes' marks left dead (docs/design/claim-plans.md#the-scan-floor.
             sql.push_str(&format!(" AND c.{position} >= {}", params.bind(floor)));
         }
         if request.ordering == Ordering::PerRoom {
             // Claimable only while no earlier pending row of its room waits out a delay or
             // is leased to another node (why that keeps room order:
-            // docs/design.md#claims-leases-and-ordering). One probe of the pending-per-room
+            // docs/design/claim-plans.md#the-per-room-checks-index). One probe of the pending-per-room
             // index per candidate; `?` placeholders are positional: bind in text order.
             let waiting = format!(
                 "{} > {}",
@@ -149,7 +149,7 @@ impl Claim<'_> {
             // (c.room_id, c.id)` that PostgreSQL once had: a B-tree scan ends at a row
             // comparison's bound only on its first column, so that probe read every
             // pending entry of the room after the candidate too, a whole hot room's
-            // backlog per candidate (docs/design.md#claims-leases-and-ordering).
+            // backlog per candidate (docs/design/claim-plans.md#the-per-room-checks-index).
             let earlier = format!("e.{position} < c.{position}");
             // Below the floor, a pending row is one this claim cannot take (committed
             // late, skipped by the claim that set the floor, or made pending again): it
@@ -284,7 +284,7 @@ fn within_budget(sized: &str, max_bytes: usize, params: &mut Params) -> String {
 /// Serialises per-room claims of all nodes on this table: waits for the row lock on
 /// `<table>_lock`, held until the claim commits. Two claims at once would each see the
 /// other's leases as free (uncommitted), so two nodes could take rows of one room; only
-/// the claim statement is serialised (docs/design.md#claims-leases-and-ordering).
+/// the claim statement is serialised (docs/design/claims.md#the-claim-lock).
 fn claim_lock_sql(table: &TableName) -> String {
     format!("SELECT name FROM {table}_lock WHERE name = 'claim' FOR UPDATE")
 }

@@ -1,4 +1,4 @@
-//! Creates and upgrades the outbox table (docs/design.md#the-outbox-table), or adopts a
+//! Creates and upgrades the outbox table (docs/design/table.md), or adopts a
 //! producer's existing one.
 //!
 //! Each migration has a name `mYYYYMMDD_NNNNNN_verb_table` and runs once per table;
@@ -127,7 +127,7 @@ pub const AUTOVACUUM_PARAMETERS: &[(&str, &str)] = &[
 /// which keeps the visibility map current while a backlog builds up), whatever the table's
 /// size, at ten times the default cost limit so that it ends quickly; the heap pages
 /// already all-visible are skipped, so a vacuum's cost follows the work since the last
-/// one. Why these values: docs/design.md#the-outbox-table. Replaces any value the table
+/// one. Why these values: docs/design/table.md#autovacuum-parameters. Replaces any value the table
 /// had for these six parameters; others are left alone.
 fn set_autovacuum(cx: &Context<'_>) -> Result<Vec<String>, Error> {
     let t = cx.table;
@@ -162,7 +162,7 @@ fn set_fillfactor(cx: &Context<'_>) -> Result<Vec<String>, Error> {
 /// the leases found no room and wrote a new entry in each of the table's indexes). The
 /// cost: a new row takes about 1.5 times the pages until its versions are pruned.
 /// Existing pages keep their layout until rewritten. Why 45 and what it saves:
-/// docs/design.md#the-outbox-table.
+/// docs/design/table.md#fillfactor-45.
 fn lower_fillfactor(cx: &Context<'_>) -> Result<Vec<String>, Error> {
     let t = cx.table;
     if cx.dialect != Dialect::Postgres {

@@ -14,7 +14,7 @@ use tracing::debug;
 /// it touches no table and no page, so an idle relay costs next to nothing. A change
 /// answers the wait; the relay's own writes thus wake it too, which only claims once more.
 /// Chosen over watching the `-wal` file, which needs a watcher thread and a dependency and
-/// fires on every page write rather than per commit (BENCHMARKS.md, wake-ups).
+/// fires on every page write rather than per commit (docs/decisions/0016-wake-ups.md).
 pub struct DataVersionFeed {
     /// The database URL (a file path; no secret in it).
     url: String,

@@ -1,5 +1,5 @@
 //! Wake-ups: how the relay hears of new rows before its next poll, one
-//! [`outbox_core::InsertFeed`] per mechanism (docs/design.md#wake-ups-and-backoff):
+//! [`outbox_core::InsertFeed`] per mechanism (docs/design/wake-ups.md#insert-feeds):
 //!
 //! - [`listen`]: PostgreSQL's insert trigger NOTIFYs, a LISTEN connection hears it.
 //! - [`probe`]: `SELECT MAX(id)` every few milliseconds (MySQL/MariaDB, and PostgreSQL
@@ -49,7 +49,7 @@ impl SeaOrmStore {
 
     /// Whether inserts into the table are announced: on PostgreSQL, whether its insert
     /// trigger ([`crate::TableName::notify_trigger`], made by `migrate`) is there and enabled — without it a
-    /// LISTEN hears nothing (docs/operations.md, "What the NOTIFY costs the producers").
+    /// LISTEN hears nothing (docs/operations/wake-ups.md#what-the-notify-costs-the-producers.
     /// Always `true` elsewhere.
     pub async fn announces_inserts(&self) -> Result<bool, StoreError> {
         if Dialect::of(self.connection()) != Dialect::Postgres {

@@ -14,7 +14,7 @@ use tracing::debug;
 /// PostgreSQL reads the index's last page), so an idle relay costs the server one trivial
 /// query per interval. A higher id than last seen answers the wait. A row committed after
 /// a higher id was seen (two producers' transactions committing out of id order) is
-/// noticed by the next new row or poll instead. Figures: BENCHMARKS.md (wake-ups).
+/// noticed by the next new row or poll instead. Figures: docs/decisions/0016-wake-ups.md.
 #[derive(Debug)]
 pub struct MaxIdProbe {
     /// Its pool; a failed probe is retried on a fresh connection like any statement.

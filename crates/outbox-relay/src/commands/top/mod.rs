@@ -1,5 +1,5 @@
 //! `outbox-relay top [--once] [URL…]`: the relay's figures from one or more nodes'
-//! `/metrics`, one row per outbox and node, refreshed every second (docs/operations.md,
+//! `/metrics`, one row per outbox and node, refreshed every second (docs/metrics.md#watching-it-live-outbox-relay-top,
 //! "Watching it live").
 //!
 //! - [`scrape`]: fetching and reading one node's `/metrics`.
