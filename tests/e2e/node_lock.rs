@@ -122,3 +122,26 @@ async fn after_a_kill_the_same_node_id_clears_the_dead_runs_leases_at_once(backe
 }
 
 per_backend!(after_a_kill_the_same_node_id_clears_the_dead_runs_leases_at_once: postgres, mariadb, sqlite);
+
+/// Behind a pooler in transaction mode the lock must live on a session connection of its
+/// own: with `database.listen_url`, it is taken there, not on the pool of `database.url`.
+#[actix_rt::test]
+async fn with_a_listen_url_the_lock_lives_on_a_session_connection_to_it() {
+    let app = TestApp::on(Backend::Postgres)
+        .seeded(&room_events("session", 10, 2))
+        .build()
+        .await;
+    let (proxy, listen_url) = FaultProxy::in_front_of(&app.database.url).await;
+    let settings = app.settings_with(|settings| {
+        settings.database.listen_url = listen_url;
+        settings.database.notify = false;
+    });
+    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    // notify = false: nothing but the node lock connects to the listen URL.
+    assert_eq!(proxy.accepted(), 1, "the lock's own session connection");
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}

@@ -130,9 +130,15 @@ pub async fn open_unchecked(
                     )
                 })?,
         };
+        // `database.listen_url` is a session connection to `database.url`'s server (for a
+        // pooler in transaction mode): the node lock needs one there too.
+        let session_url = (outbox.database_url == config.database.url)
+            .then(|| config.database.listen_url.clone())
+            .flatten();
         let store = SeaOrmStore::new(db, outbox.table.clone())
             .with_columns(outbox.columns.clone())
-            .with_published_rows(outbox.published_rows);
+            .with_published_rows(outbox.published_rows)
+            .with_session_url(session_url);
         pools
             .entry(&outbox.database_url)
             .or_insert_with(|| store.clone());

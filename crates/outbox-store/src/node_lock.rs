@@ -56,8 +56,14 @@ impl Drop for NodeLock {
 
 impl NodeLock {
     /// Takes the lock of `node_id` on `table`, or says who holds it.
+    ///
+    /// On PostgreSQL the lock's connection comes from `db`'s pool, or is opened to
+    /// `session_url` when given: a session connection where `db` goes through a pooler in
+    /// transaction mode (PgBouncer), which would hand the lock's server session to another
+    /// client and keep it, lock and all, after this process ended (`database.listen_url`).
     pub async fn take(
         db: &DatabaseConnection,
+        session_url: Option<&str>,
         table: &TableName,
         node_id: &str,
     ) -> Result<Self, StoreError> {
@@ -65,14 +71,17 @@ impl NodeLock {
         let (tell, lost) = watch::channel(None);
         let held = match Dialect::of(db) {
             Dialect::Postgres => {
-                let pool = db.get_postgres_connection_pool().clone();
-                let connection = postgres::take(&pool, &key).await?;
+                let source = postgres::Source {
+                    pool: db.get_postgres_connection_pool().clone(),
+                    session_url: session_url.map(crate::connection_url),
+                };
+                let connection = postgres::take(&source, &key).await?;
                 Held::Session(tokio::spawn(keep(
                     connection,
                     move || {
-                        let pool = pool.clone();
+                        let source = source.clone();
                         let key = key.clone();
-                        async move { postgres::take(&pool, &key).await }
+                        async move { postgres::take(&source, &key).await }
                     },
                     tell,
                 )))
@@ -214,10 +223,22 @@ mod postgres {
     use super::*;
     use sea_orm::sqlx::{PgConnection, PgPool};
 
-    /// A connection of its own (detached from the pool, so the pool's lifetime rules do not
-    /// close it) holding the session advisory lock of `key`.
-    pub(super) async fn take(pool: &PgPool, key: &Key) -> Result<PgConnection, StoreError> {
-        let mut connection = pool.acquire().await.map_err(database)?.detach();
+    /// Where the lock's connection comes from.
+    #[derive(Clone)]
+    pub(super) struct Source {
+        /// The store's pool: a connection detached from it, so that the pool's lifetime
+        /// rules do not close it.
+        pub(super) pool: PgPool,
+        /// A session connection of its own instead, when given.
+        pub(super) session_url: Option<String>,
+    }
+
+    /// A connection of its own holding the session advisory lock of `key`.
+    pub(super) async fn take(source: &Source, key: &Key) -> Result<PgConnection, StoreError> {
+        let mut connection = match &source.session_url {
+            Some(url) => PgConnection::connect(url).await.map_err(database)?,
+            None => source.pool.acquire().await.map_err(database)?.detach(),
+        };
         // Shown in pg_stat_activity, where a refused process reads who holds the lock.
         let name: String = Key::me().chars().take(63).collect();
         sqlx::query("SELECT set_config('application_name', $1, false)")

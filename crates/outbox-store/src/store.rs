@@ -115,6 +115,9 @@ pub struct SeaOrmStore {
     failover: Option<Arc<Failover>>,
     /// What the mark does to a published row: `UPDATE` it or `DELETE` it.
     published_rows: PublishedRows,
+    /// PostgreSQL: a session connection's URL for the node lock, where the pool goes
+    /// through a pooler in transaction mode (`database.listen_url`).
+    session_url: Option<String>,
 }
 
 impl SeaOrmStore {
@@ -131,7 +134,15 @@ impl SeaOrmStore {
             statistics: Arc::default(),
             failover,
             published_rows: PublishedRows::Keep,
+            session_url: None,
         }
+    }
+
+    /// The same store taking its node lock ([`crate::NodeLock`]) on a session connection to
+    /// `url` (PostgreSQL), where the pool goes through a pooler in transaction mode.
+    pub fn with_session_url(mut self, url: Option<String>) -> Self {
+        self.session_url = url;
+        self
     }
 
     /// The same store with published rows kept (marked `published`, the default) or
@@ -353,7 +364,8 @@ impl OutboxStore for SeaOrmStore {
     }
 
     async fn hold_node(&self, node_id: &str) -> Result<NodeHold, StoreError> {
-        let lock = crate::NodeLock::take(&self.db, &self.table, node_id).await?;
+        let session_url = self.session_url.as_deref();
+        let lock = crate::NodeLock::take(&self.db, session_url, &self.table, node_id).await?;
         let lost = Box::pin(lock.lost());
         Ok(NodeHold::new(Box::new(lock), lost))
     }

@@ -58,8 +58,8 @@ pub struct DatabaseSettings {
     /// PostgreSQL: LISTEN for the insert trigger's NOTIFY and claim at once (polling stays
     /// as the fallback). Ignored on other backends, which probe.
     pub notify: bool,
-    /// PostgreSQL: a session connection for LISTEN when `url` goes through a pooler in
-    /// transaction mode (PgBouncer), where LISTEN hears nothing. Blank: `url`.
+    /// PostgreSQL: a session connection for LISTEN and the node lock when `url` goes
+    /// through a pooler in transaction mode (PgBouncer), which keeps neither. Blank: `url`.
     pub listen_url: String,
     /// Where nothing announces inserts (SQLite, MySQL/MariaDB, PostgreSQL without
     /// `notify`): notice them with a cheap probe instead of waiting for `poll_interval`.
