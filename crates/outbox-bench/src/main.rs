@@ -15,6 +15,7 @@ mod latency;
 mod otlp_sink;
 mod process;
 mod published;
+mod report;
 mod scenario;
 
 use clap::{Args, Parser, Subcommand};
@@ -54,6 +55,9 @@ enum Scenario {
     /// Adopting a live Debezium-shaped table: migrate's duration and the producer's worst
     /// insert latency while it runs.
     Adopt(adopt::AdoptArgs),
+    /// The JSON lines of the scenarios above (files, or standard input) as BENCHMARKS.md's
+    /// Markdown tables; `scripts/benchmarks` runs BENCHMARKS.md's commands through it.
+    Report(report::ReportArgs),
     /// The consumer child of `drain` and `latency` (started by them).
     #[command(hide = true)]
     Consume(consumer::ConsumeArgs),
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
             Scenario::Idle(args) => idle::run(args).await,
             Scenario::Compare(args) => compare::run(args).await,
             Scenario::Adopt(args) => adopt::run(args).await,
+            Scenario::Report(args) => report::run(args),
             Scenario::Consume(args) => consumer::run(args).await,
             Scenario::OtlpSink(args) => otlp_sink::run(args).await,
         }
