@@ -3,6 +3,7 @@
 //! SIGKILL the next process with the same node starts and clears the dead one's leases at
 //! once, not after they expire.
 
+use outbox_relay::settings::Settings;
 use outbox_tests::{
     assert_room_order, eventually, per_backend, room_events, Backend, FaultProxy, RelayProcess,
     TestApp, CHILD_DEADLINE,
@@ -13,32 +14,34 @@ use std::time::Duration;
 /// taken over after its lease.
 const LONG_LEASE: &str = "10m";
 
-async fn a_second_process_with_a_live_node_id_is_refused(backend: Backend) {
-    const EVENTS: usize = 200;
-    let seeded = room_events("twin", EVENTS, 10);
-    let app = TestApp::on(backend).seeded(&seeded).build().await;
-    // The first process reaches the broker through a proxy that stalls, so it holds leases
-    // while the second one starts.
+/// A relay process on `app` that has relayed some events and holds leases on more: it
+/// reaches the broker through a proxy, stalled once it relays, so its rows stay in flight.
+/// Its settings (with the 10-minute lease), its node, the proxy and the process.
+async fn a_node_holding_rows(app: &TestApp) -> (Settings, String, FaultProxy, RelayProcess) {
     let (link, broker_url) = FaultProxy::in_front_of(&app.broker.url).await;
     let settings = app.settings_with(|settings| {
         settings.relay.lease = LONG_LEASE.into();
         settings.amqp.url = broker_url;
     });
     let node_id = settings.relay.node_id.clone();
-    let first = RelayProcess::spawn(crate::RELAY, &settings);
-    eventually(
-        "the first process relays",
-        Duration::from_secs(60),
-        || async { app.broker.received().len() >= 10 },
-    )
+    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+    eventually("the node relays", Duration::from_secs(60), || async {
+        app.broker.received().len() >= 10
+    })
     .await;
     link.stall();
-    eventually(
-        "the first process holds rows",
-        Duration::from_secs(30),
-        || async { !app.database.held_by(&node_id).await.is_empty() },
-    )
+    eventually("the node holds rows", Duration::from_secs(30), || async {
+        !app.database.held_by(&node_id).await.is_empty()
+    })
     .await;
+    (settings, node_id, link, relay)
+}
+
+async fn a_second_process_with_a_live_node_id_is_refused(backend: Backend) {
+    const EVENTS: usize = 200;
+    let seeded = room_events("twin", EVENTS, 10);
+    let app = TestApp::on(backend).seeded(&seeded).build().await;
+    let (settings, node_id, link, first) = a_node_holding_rows(&app).await;
 
     let mut second = RelayProcess::spawn(crate::RELAY, &settings);
     let status = second.wait(CHILD_DEADLINE).await;
@@ -79,22 +82,7 @@ async fn after_a_kill_the_same_node_id_clears_the_dead_runs_leases_at_once(backe
     const EVENTS: usize = 200;
     let seeded = room_events("reborn", EVENTS, 10);
     let app = TestApp::on(backend).seeded(&seeded).build().await;
-    let (link, broker_url) = FaultProxy::in_front_of(&app.broker.url).await;
-    let settings = app.settings_with(|settings| {
-        settings.relay.lease = LONG_LEASE.into();
-        settings.amqp.url = broker_url;
-    });
-    let node_id = settings.relay.node_id.clone();
-    let mut victim = RelayProcess::spawn(crate::RELAY, &settings);
-    eventually("the victim relays", Duration::from_secs(60), || async {
-        app.broker.received().len() >= 10
-    })
-    .await;
-    link.stall();
-    eventually("the victim holds rows", Duration::from_secs(30), || async {
-        !app.database.held_by(&node_id).await.is_empty()
-    })
-    .await;
+    let (_, node_id, link, mut victim) = a_node_holding_rows(&app).await;
     victim.signal("KILL");
     victim.wait(CHILD_DEADLINE).await;
 

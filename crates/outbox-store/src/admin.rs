@@ -29,6 +29,21 @@ pub struct DeadEvent {
     pub created_at: DateTime<Utc>,
 }
 
+impl DeadEvent {
+    /// The select list that reads one, through the table's column mapping.
+    pub(crate) fn columns(reads: &Reads) -> String {
+        format!(
+            "{} AS id, {} AS event_id, {} AS event_type, {} AS room_id, retry_count, \
+             last_error, {} AS created_at",
+            reads.position_value(&reads.position),
+            reads.event_id,
+            reads.event_type,
+            reads.key_text,
+            reads.created_at,
+        )
+    }
+}
+
 /// Which dead events `dead list` and `dead requeue` select: every condition given holds
 /// (none given: every dead event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -186,14 +201,8 @@ impl SeaOrmStore {
         }
         let size = params.bind(i64::try_from(size).unwrap_or(i64::MAX));
         DeadEvent::find_by_statement(params.statement(format!(
-            "SELECT {} AS id, {} AS event_id, {} AS event_type, {} AS room_id, retry_count, \
-             last_error, {} AS created_at FROM {t} WHERE status = {DEAD}{conditions} \
-             ORDER BY {} LIMIT {size}",
-            reads.position_value(&reads.position),
-            reads.event_id,
-            reads.event_type,
-            reads.key_text,
-            reads.created_at,
+            "SELECT {} FROM {t} WHERE status = {DEAD}{conditions} ORDER BY {} LIMIT {size}",
+            DeadEvent::columns(reads),
             reads.position,
         )))
         .all(self.connection())

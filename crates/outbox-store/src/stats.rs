@@ -128,16 +128,12 @@ impl SeaOrmStore {
         if stats.failing.is_empty() {
             return Ok(());
         }
+        // Read as a dead event is: the same columns through the same mapping.
         let oldest =
             crate::DeadEvent::find_by_statement(Params::new(self.dialect()).statement(format!(
-                "SELECT {} AS id, {} AS event_id, {} AS event_type, {} AS room_id, retry_count, \
-                 last_error, {} AS created_at FROM {t} WHERE status = {PENDING} \
-                 AND last_error IS NOT NULL ORDER BY {} LIMIT 1",
-                reads.position_value(&reads.position),
-                reads.event_id,
-                reads.event_type,
-                reads.key_text,
-                reads.created_at,
+                "SELECT {} FROM {t} WHERE status = {PENDING} AND last_error IS NOT NULL \
+                 ORDER BY {} LIMIT 1",
+                crate::DeadEvent::columns(reads),
                 reads.position,
             )))
             .one(self.connection())
