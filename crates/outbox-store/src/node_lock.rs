@@ -235,8 +235,23 @@ mod postgres {
 
     /// A connection of its own holding the session advisory lock of `key`.
     pub(super) async fn take(source: &Source, key: &Key) -> Result<PgConnection, StoreError> {
-        let mut connection = match &source.session_url {
-            Some(url) => PgConnection::connect(url).await.map_err(database)?,
+        let session = match &source.session_url {
+            Some(url) => match PgConnection::connect(url).await {
+                Ok(connection) => Some(connection),
+                // As the LISTEN falls back to polling, the lock falls back to the pool: a
+                // relay whose session URL is down still runs.
+                Err(error) => {
+                    warn!(
+                        %error,
+                        "the node lock cannot reach database.listen_url; taking it on a connection of database.url's pool instead (behind a pooler in transaction mode the lock may then outlive this process)"
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        let mut connection = match session {
+            Some(connection) => connection,
             None => source.pool.acquire().await.map_err(database)?.detach(),
         };
         // Shown in pg_stat_activity, where a refused process reads who holds the lock.
