@@ -8,6 +8,7 @@ use outbox_tests::{
     assert_room_order, eventually, per_backend, room_events, Backend, FaultProxy, RelayProcess,
     TestApp, CHILD_DEADLINE,
 };
+use sea_orm::ConnectionTrait as _;
 use std::time::Duration;
 
 /// A lease far longer than the tests: a row delivered after a kill was released, not
@@ -131,5 +132,62 @@ async fn with_a_listen_url_the_lock_lives_on_a_session_connection_to_it() {
     // notify = false: nothing but the node lock connects to the listen URL.
     assert_eq!(proxy.accepted(), 1, "the lock's own session connection");
     relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}
+
+/// A process whose lock connection is lost while another process takes the node stops
+/// relaying: it shuts down and exits 2, saying so, and the other one goes on.
+#[actix_rt::test]
+async fn a_process_whose_node_was_taken_over_stops_with_exit_2() {
+    let seeded = room_events("taken", 20, 4);
+    let app = TestApp::on(Backend::Postgres).seeded(&seeded).build().await;
+    let mut first = RelayProcess::spawn(crate::RELAY, &app.settings);
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    // The server ends the first process's lock session, as a network fault or an
+    // administrator would; a second process with the same node takes the lock at once.
+    app.database
+        .execute(&format!(
+            "SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a \
+             ON a.pid = l.pid WHERE l.locktype = 'advisory' \
+             AND a.application_name LIKE 'outbox-relay pid {} %'",
+            first.pid()
+        ))
+        .await;
+    let held = format!(
+        "SELECT 1 AS held FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND a.application_name LIKE 'outbox-relay pid {} %'",
+        first.pid()
+    );
+    eventually(
+        "the lock session ended",
+        Duration::from_secs(10),
+        || async {
+            let statement =
+                sea_orm::Statement::from_string(sea_orm::DbBackend::Postgres, held.clone());
+            app.database
+                .db()
+                .query_one(statement)
+                .await
+                .unwrap()
+                .is_none()
+        },
+    )
+    .await;
+    let second = RelayProcess::spawn(crate::RELAY, &app.settings);
+    let status = first.wait(CHILD_DEADLINE).await;
+    let log = first.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("another process took this node's lock"),
+        "{log}"
+    );
+    let more = room_events("after", 10, 2);
+    outbox_tests::seed(&app.database, &more).await;
+    app.database
+        .wait_all_published(Duration::from_secs(60))
+        .await;
+    second.stop(Duration::from_secs(10)).await;
     app.teardown().await;
 }
