@@ -75,29 +75,25 @@ impl NodeLock {
                     pool: db.get_postgres_connection_pool().clone(),
                     session_url: session_url.map(crate::connection_url),
                 };
-                let connection = postgres::take(&source, &key).await?;
-                Held::Session(tokio::spawn(keep(
-                    connection,
+                session(
                     move || {
-                        let source = source.clone();
-                        let key = key.clone();
+                        let (source, key) = (source.clone(), key.clone());
                         async move { postgres::take(&source, &key).await }
                     },
                     tell,
-                )))
+                )
+                .await?
             }
             Dialect::MySql => {
                 let pool = db.get_mysql_connection_pool().clone();
-                let connection = mysql::take(&pool, &key).await?;
-                Held::Session(tokio::spawn(keep(
-                    connection,
+                session(
                     move || {
-                        let pool = pool.clone();
-                        let key = key.clone();
+                        let (pool, key) = (pool.clone(), key.clone());
                         async move { mysql::take(&pool, &key).await }
                     },
                     tell,
-                )))
+                )
+                .await?
             }
             Dialect::Sqlite => {
                 let options = db.get_sqlite_connection_pool().connect_options();
@@ -181,6 +177,21 @@ impl Key {
 
 fn database(error: sqlx::Error) -> StoreError {
     StoreError::Database(error.to_string())
+}
+
+/// The lock held on a session of its own: taken once by `take` now, then kept ([`keep`]),
+/// taken again by `take` whenever its connection was lost.
+async fn session<C, T, F>(
+    mut take: T,
+    tell: watch::Sender<Option<String>>,
+) -> Result<Held, StoreError>
+where
+    C: sqlx::Connection + 'static,
+    T: FnMut() -> F + Send + 'static,
+    F: std::future::Future<Output = Result<C, StoreError>> + Send + 'static,
+{
+    let connection = take().await?;
+    Ok(Held::Session(tokio::spawn(keep(connection, take, tell))))
 }
 
 /// Checks the lock's connection every [`KEEP_INTERVAL`]; when it fails, takes the lock again
