@@ -4,6 +4,7 @@
 //! once, not after they expire.
 
 use outbox_relay::settings::Settings;
+use outbox_store::NewEvent;
 use outbox_tests::{
     assert_room_order, eventually, per_backend, room_events, Backend, FaultProxy, RelayProcess,
     TestApp, CHILD_DEADLINE,
@@ -16,9 +17,13 @@ use std::time::Duration;
 const LONG_LEASE: &str = "10m";
 
 /// A relay process on `app` that has relayed some events and holds leases on more: it
-/// reaches the broker through a proxy, stalled once it relays, so its rows stay in flight.
+/// reaches the broker through a proxy, stalled once it relays, and `late` is inserted then,
+/// so it claims rows whose publishes cannot end (however fast it drained the rest).
 /// Its settings (with the 10-minute lease), its node, the proxy and the process.
-async fn a_node_holding_rows(app: &TestApp) -> (Settings, String, FaultProxy, RelayProcess) {
+async fn a_node_holding_rows(
+    app: &TestApp,
+    late: &[NewEvent],
+) -> (Settings, String, FaultProxy, RelayProcess) {
     let (link, broker_url) = FaultProxy::in_front_of(&app.broker.url).await;
     let settings = app.settings_with(|settings| {
         settings.relay.lease = LONG_LEASE.into();
@@ -31,6 +36,7 @@ async fn a_node_holding_rows(app: &TestApp) -> (Settings, String, FaultProxy, Re
     })
     .await;
     link.stall();
+    outbox_tests::seed(&app.database, late).await;
     eventually("the node holds rows", Duration::from_secs(30), || async {
         !app.database.held_by(&node_id).await.is_empty()
     })
@@ -40,9 +46,11 @@ async fn a_node_holding_rows(app: &TestApp) -> (Settings, String, FaultProxy, Re
 
 async fn a_second_process_with_a_live_node_id_is_refused(backend: Backend) {
     const EVENTS: usize = 200;
-    let seeded = room_events("twin", EVENTS, 10);
+    let mut seeded = room_events("twin", EVENTS, 10);
+    let late = room_events("twin-late", 20, 4);
     let app = TestApp::on(backend).seeded(&seeded).build().await;
-    let (settings, node_id, link, first) = a_node_holding_rows(&app).await;
+    let (settings, node_id, link, first) = a_node_holding_rows(&app, &late).await;
+    seeded.extend(late);
 
     let mut second = RelayProcess::spawn(crate::RELAY, &settings);
     let status = second.wait(CHILD_DEADLINE).await;
@@ -81,9 +89,11 @@ per_backend!(a_second_process_with_a_live_node_id_is_refused: postgres, mariadb,
 
 async fn after_a_kill_the_same_node_id_clears_the_dead_runs_leases_at_once(backend: Backend) {
     const EVENTS: usize = 200;
-    let seeded = room_events("reborn", EVENTS, 10);
+    let mut seeded = room_events("reborn", EVENTS, 10);
+    let late = room_events("reborn-late", 20, 4);
     let app = TestApp::on(backend).seeded(&seeded).build().await;
-    let (_, node_id, link, mut victim) = a_node_holding_rows(&app).await;
+    let (_, node_id, link, mut victim) = a_node_holding_rows(&app, &late).await;
+    seeded.extend(late);
     victim.signal("KILL");
     victim.wait(CHILD_DEADLINE).await;
 
