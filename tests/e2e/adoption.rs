@@ -542,7 +542,7 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
     let adopt = "m20261202_000001_create_room_outbox";
     match backend {
         Backend::Postgres => {
-            assert_eq!(locks.len(), 8, "seven migrations and the finish:\n{plan}");
+            assert_eq!(locks.len(), 9, "eight migrations and the finish:\n{plan}");
             says(
                 &locks,
                 adopt,
@@ -562,6 +562,11 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
                 &locks,
                 "m20261204_000008_drop_room_outbox_room_index",
                 &["ACCESS EXCLUSIVE", "at most 100 ms"],
+            );
+            says(
+                &locks,
+                "m20261206_000009_wake_room_outbox_sleepers",
+                &["ACCESS EXCLUSIVE", "milliseconds", "at most 100 ms"],
             );
             says(
                 &locks,
@@ -597,7 +602,7 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
             );
         }
         Backend::MySql => {
-            assert_eq!(locks.len(), 7, "seven migrations:\n{plan}");
+            assert_eq!(locks.len(), 8, "eight migrations:\n{plan}");
             says(
                 &locks,
                 adopt,
@@ -679,7 +684,7 @@ async fn trigger_state(fixture: &Fixture) -> (String, Option<String>) {
 /// the first run fails in its finishing step (the producer's own position column has a
 /// duplicate, so its unique index cannot be built): the trigger stays off; once the
 /// duplicate is mended, the next run finishes and turns it on. A trigger the operator
-/// turned off afterwards (docs/operations/wake-ups.md#what-the-notify-costs-the-producers) stays off through a later finishing step.
+/// turned off afterwards (docs/operations/wake-ups.md#what-each-wake-up-costs) stays off through a later finishing step.
 #[actix_rt::test]
 async fn the_insert_trigger_is_on_once_the_adoption_finishes() {
     let fixture = Fixture::new(Backend::Postgres, "adopt_trigger").await;

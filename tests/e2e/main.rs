@@ -105,6 +105,9 @@ mod top;
 /// OpenTelemetry: a producer span per publish at an OTLP receiver, parented to the row's
 /// `traceparent`, its context in the message's headers.
 mod traces;
+/// PostgreSQL's insert trigger NOTIFYs only a sleeping relay (the wake lock), and
+/// `migrate` carries an older trigger over while producers insert.
+mod wake_lock;
 /// Insert wake-ups per backend: a lone event in milliseconds with a 60 s poll, through an
 /// outage of the database, falling back to polling; `database.probe = false`.
 mod wakeups;

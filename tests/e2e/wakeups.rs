@@ -292,7 +292,7 @@ async fn each_backend_starts_its_own_feed(backend: Backend) {
 
 per_backend!(each_backend_starts_its_own_feed: postgres, sqlite, mariadb);
 
-/// With the insert trigger disabled (docs/operations/wake-ups.md#what-the-notify-costs-the-producers: to spare the producers its
+/// With the insert trigger disabled (docs/operations/wake-ups.md#what-each-wake-up-costs: to spare the producers its
 /// NOTIFY), a node left with `notify = true` says so and probes: a lone event still
 /// arrives within a second.
 #[actix_rt::test]
@@ -319,6 +319,59 @@ async fn postgres_with_the_trigger_off_probes_even_with_notify_on() {
     assert_eq!(warned.len(), 1, "one warning: {warned:?}");
     assert_eq!(warned[0]["level"], "WARN", "{}", warned[0]);
     lone_event_within_a_second(&app, "trigger-off", "trigger-off-1").await;
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}
+
+/// A table whose trigger `migrate` has not upgraded yet (it NOTIFYs on every insert) and a
+/// relay that does not migrate on start: it says to run `migrate`, and LISTENs as before,
+/// a lone event arriving within a second.
+#[actix_rt::test]
+async fn postgres_with_a_trigger_that_notifies_every_insert_says_to_migrate() {
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.database.migrate_on_start = false;
+            settings.log.format = "json".into();
+            settings.log.level = FEED_LOGS.into();
+        })
+        .build()
+        .await;
+    let t = app.database.table.as_str();
+    for sql in [
+        format!("DROP TRIGGER {t}_notify ON {t}"),
+        format!(
+            "CREATE TRIGGER {t}_notify AFTER INSERT ON {t} \
+             FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()"
+        ),
+    ] {
+        app.database.execute(&sql).await;
+    }
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    eventually("the feed to start", Duration::from_secs(10), || {
+        std::future::ready(!relay.log_lines("listening for inserts").is_empty())
+    })
+    .await;
+    let started = relay.log_lines("listening for inserts");
+    assert_eq!(started[0]["feed"], "notify", "{}", started[0]);
+    let warned: Vec<_> = relay
+        .log_lines("the table's insert trigger")
+        .into_iter()
+        .filter(|line| {
+            line["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("NOTIFYs on every insert"))
+        })
+        .collect();
+    assert_eq!(warned.len(), 1, "one warning: {warned:?}");
+    assert_eq!(warned[0]["level"], "WARN", "{}", warned[0]);
+    assert!(
+        warned[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("outbox-relay migrate")),
+        "{}",
+        warned[0]
+    );
+    lone_event_within_a_second(&app, "old-trigger", "old-trigger-1").await;
     relay.stop(Duration::from_secs(10)).await;
     app.teardown().await;
 }

@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use outbox_amqp::{Broker, Routing};
 use outbox_core::{EventPublisher, NodeHold, OutboxStore, PublishedRows, RelayOptions};
 use outbox_pipeline::{Relay, Relays};
-use outbox_store::{SeaOrmStore, WakeUps};
+use outbox_store::{InsertTrigger, SeaOrmStore, WakeUps};
 use std::collections::HashMap;
 use std::sync::Arc;
 use thiserror::Error;
@@ -316,14 +316,25 @@ async fn start_one(
     // A LISTEN hears nothing when the trigger was turned off (to spare the producers its
     // NOTIFY): the probe instead, whatever `notify` says.
     let mut notify = database.notify;
-    if notify && !store.announces_inserts().await.unwrap_or(true) {
-        warn!(
-            %outbox,
-            table = %store.table(),
-            "the table's insert trigger ({}) is missing or disabled, so no NOTIFY announces new rows: probing for them instead (database.notify = false says so without this warning)",
-            store.table().notify_trigger()
-        );
-        notify = false;
+    if notify {
+        match store.insert_trigger().await.unwrap_or(InsertTrigger::WhileAsleep) {
+            InsertTrigger::Off => {
+                warn!(
+                    %outbox,
+                    table = %store.table(),
+                    "the table's insert trigger ({}) is missing, disabled or made for another table name, so no NOTIFY announces new rows: probing for them instead (database.notify = false says so without this warning)",
+                    store.table().notify_trigger()
+                );
+                notify = false;
+            }
+            InsertTrigger::EveryInsert => warn!(
+                %outbox,
+                table = %store.table(),
+                "the table's insert trigger ({}) NOTIFYs on every insert, so producers' commits take turns at the NOTIFY lock: run `outbox-relay migrate` to make it NOTIFY only a sleeping relay",
+                store.table().notify_trigger()
+            ),
+            InsertTrigger::WhileAsleep => {}
+        }
     }
     let wake_ups = WakeUps {
         listen_url: notify.then_some(listen_url),

@@ -72,4 +72,4 @@ pub use producer::{enqueue, insert_events, NewEvent};
 pub use row::OutboxRow;
 pub use sql::{TableName, TableNameError};
 pub use store::{connect, connect_with, PoolSettings, SeaOrmStore};
-pub use wake::WakeUps;
+pub use wake::{InsertTrigger, WakeUps};

@@ -35,7 +35,23 @@ impl TableName {
     pub fn notify_trigger(&self) -> String {
         format!("{}_notify", self.0)
     }
+
+    /// PostgreSQL: the two keys of the table's wake lock, [`WAKE_LOCK_KEY`] and a 32-bit
+    /// FNV-1a hash of the name (stable across builds, and across a dump and restore, unlike
+    /// the table's oid), as SQL arguments: `1869968482, -123456789`.
+    pub fn wake_lock(&self) -> String {
+        let hash = self.0.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+            (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+        });
+        format!("{WAKE_LOCK_KEY}, {}", hash as i32)
+    }
 }
+
+/// PostgreSQL: the first key of the advisory lock a sleeping relay holds on its LISTEN
+/// connection ("outb" in ASCII); the second is [`TableName::wake_lock`]'s. The insert
+/// trigger NOTIFYs only while some session holds it: its `WHEN` tries the lock in shared
+/// mode, which fails exactly then (docs/design/wake-ups.md#notify-only-a-sleeping-relay).
+pub const WAKE_LOCK_KEY: i32 = 0x6f75_7462;
 
 /// `[a-z_][a-z0-9_]*` of at most `max_len` characters, and no reserved word: a name that
 /// needs no quoting on any backend (PostgreSQL folds unquoted names to lowercase).
@@ -220,6 +236,14 @@ pub(crate) const DEAD: Literal = Literal(Status::Dead);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wake_lock_of_a_table_is_the_same_in_every_build() {
+        // The trigger `migrate` made names these keys; a relay built later must take the
+        // same lock, or the trigger NOTIFYs nobody.
+        let table = TableName::parse("room_outbox").unwrap();
+        assert_eq!(table.wake_lock(), "1869968482, -1085803650");
+    }
 
     #[test]
     fn table_names_are_plain_identifiers() {

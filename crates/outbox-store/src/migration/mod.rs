@@ -107,7 +107,14 @@ const MIGRATIONS: &[Migration] = &[
         name: "m20261204_000008_drop_room_outbox_room_index",
         statements: drop_room_index,
     },
+    Migration {
+        name: WAKE_SLEEPERS,
+        statements: wake_sleepers,
+    },
 ];
+
+/// The migration that makes the insert trigger NOTIFY only a sleeping relay.
+const WAKE_SLEEPERS: &str = "m20261206_000009_wake_room_outbox_sleepers";
 
 /// PostgreSQL's per-table autovacuum parameters that [`set_autovacuum`] sets.
 pub const AUTOVACUUM_PARAMETERS: &[(&str, &str)] = &[
@@ -231,6 +238,36 @@ fn create_notify(cx: &Context<'_>) -> Result<Vec<String>, Error> {
     Ok(statements)
 }
 
+/// PostgreSQL: the insert trigger NOTIFYs only while a relay sleeps. Its `WHEN` tries
+/// the wake lock ([`TableName::wake_lock`]) in shared mode: that
+/// fails only while a relay holds it, which a relay does while it waits on its LISTEN
+/// connection with nothing to claim, and lets go when woken. A producer's commit that
+/// NOTIFYs takes a cluster-wide lock through its flush, so NOTIFYing commits take turns
+/// instead of sharing flushes (group commit); with no relay asleep, or none running, a
+/// producer's insert pays one shared lock, held to its commit, and NOTIFYs nothing. The
+/// trigger is replaced as it is: missing stays missing, disabled stays disabled, its
+/// comment (an adoption under way) is kept. Why: docs/design/wake-ups.md#notify-only-a-sleeping-relay.
+fn wake_sleepers(cx: &Context<'_>) -> Result<Vec<String>, Error> {
+    let t = cx.table;
+    if cx.dialect != Dialect::Postgres {
+        return Ok(Vec::new());
+    }
+    let notify = t.notify_trigger();
+    let key = t.wake_lock();
+    Ok(vec![format!(
+        "DO $do$ DECLARE state \"char\"; note text; BEGIN \
+         SELECT tgenabled, obj_description(oid, 'pg_trigger') INTO state, note FROM pg_trigger \
+         WHERE tgrelid = '{t}'::regclass AND tgname = '{notify}'; \
+         IF NOT FOUND THEN RETURN; END IF; \
+         DROP TRIGGER {notify} ON {t}; \
+         CREATE TRIGGER {notify} AFTER INSERT ON {t} FOR EACH STATEMENT \
+         WHEN (NOT pg_try_advisory_xact_lock_shared({key})) EXECUTE FUNCTION {notify}(); \
+         IF state = 'D' THEN ALTER TABLE {t} DISABLE TRIGGER {notify}; END IF; \
+         IF note IS NOT NULL THEN EXECUTE format('COMMENT ON TRIGGER {notify} ON {t} IS %L', note); END IF; \
+         END $do$"
+    )])
+}
+
 /// `<table>_lock`: one row whose row lock serialises per-room claims across nodes
 /// (see `claim/mod.rs`). SQLite serialises writers by itself.
 fn create_lock(cx: &Context<'_>) -> Result<Vec<String>, Error> {
@@ -293,6 +330,7 @@ fn lock_note(name: &str, dialect: Dialect) -> &'static str {
         (Dialect::Postgres, online::FINISH) => "no table lock that stops inserts: row locks of one batch of pages at a time (tens of milliseconds each), then each index built CONCURRENTLY (SHARE UPDATE EXCLUSIVE: inserts and updates go on; it waits for older transactions), then ENABLE TRIGGER if migrate disabled it (SHARE ROW EXCLUSIVE: milliseconds; at most 100 ms waiting for the lock, retried)",
         (Dialect::Postgres, CREATE | ADD_MAPPED_COLUMNS) => "ACCESS EXCLUSIVE on the table for catalogue changes only (no rewrite, no index build): milliseconds; it waits at most 100 ms for the lock (lock_timeout), then gives up and is retried",
         (Dialect::Postgres, "m20261204_000008_drop_room_outbox_room_index") => "ACCESS EXCLUSIVE on the table for DROP INDEX: milliseconds once granted; at most 100 ms waiting for the lock, retried",
+        (Dialect::Postgres, WAKE_SLEEPERS) => "ACCESS EXCLUSIVE on the table to drop and create the insert trigger again in one transaction: milliseconds once granted; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, "m20261202_000003_create_room_outbox_notify") => "SHARE ROW EXCLUSIVE on the table for CREATE TRIGGER (on a table being adopted, created disabled until the finishing step ends, so the producers' commits do not take turns at NOTIFY while the backfill and the index builds keep the disk busy): milliseconds; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, _) => "SHARE UPDATE EXCLUSIVE or none (inserts go on): milliseconds; at most 100 ms waiting for the lock, retried",
         (Dialect::MySql, CREATE | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds; each statement waits at most 1 s for the metadata lock behind a transaction open on the table (lock_wait_timeout; inserts queue behind it meanwhile), then gives up and is retried",

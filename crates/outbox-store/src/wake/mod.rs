@@ -1,7 +1,8 @@
 //! Wake-ups: how the relay hears of new rows before its next poll, one
 //! [`outbox_core::InsertFeed`] per mechanism (docs/design/wake-ups.md#insert-feeds):
 //!
-//! - [`listen`]: PostgreSQL's insert trigger NOTIFYs, a LISTEN connection hears it.
+//! - [`listen`]: PostgreSQL's insert trigger NOTIFYs while a relay sleeps, its LISTEN
+//!   connection hears it.
 //! - [`probe`]: `SELECT MAX(id)` every few milliseconds (MySQL/MariaDB, and PostgreSQL
 //!   without LISTEN, e.g. behind PgBouncer): one key of the primary index.
 //! - [`data_version`]: SQLite's `PRAGMA data_version` on a connection of its own, which
@@ -16,6 +17,10 @@ use crate::SeaOrmStore;
 use outbox_core::{InsertFeed, StoreError};
 use sea_orm::ConnectionTrait;
 use std::time::Duration;
+
+/// PostgreSQL without probes: how often a LISTEN connection whose wake lock is taken tries
+/// it again ([`listen::PgInsertFeed`]); otherwise `database.probe_interval`.
+const LOCK_RETRY: Duration = Duration::from_millis(5);
 
 /// Which wake-ups the settings allow.
 #[derive(Debug, Clone, Default)]
@@ -35,7 +40,11 @@ impl SeaOrmStore {
     pub fn insert_feed(&self, wake_ups: &WakeUps) -> Option<Box<dyn InsertFeed>> {
         let table = self.table().clone();
         match (Dialect::of(self.connection()), &wake_ups.listen_url) {
-            (Dialect::Postgres, Some(url)) => Some(Box::new(listen::PgInsertFeed::new(url, table))),
+            (Dialect::Postgres, Some(url)) => Some(Box::new(listen::PgInsertFeed::new(
+                url,
+                table,
+                wake_ups.probe_interval.unwrap_or(LOCK_RETRY),
+            ))),
             (Dialect::Sqlite, _) => Some(Box::new(data_version::DataVersionFeed::new(
                 &wake_ups.url,
                 wake_ups.probe_interval?,
@@ -47,29 +56,55 @@ impl SeaOrmStore {
         }
     }
 
-    /// Whether inserts into the table are announced: on PostgreSQL, whether its insert
-    /// trigger ([`crate::TableName::notify_trigger`], made by `migrate`) is there and enabled — without it a
-    /// LISTEN hears nothing (docs/operations/wake-ups.md#what-the-notify-costs-the-producers.
-    /// Always `true` elsewhere.
-    pub async fn announces_inserts(&self) -> Result<bool, StoreError> {
+    /// How inserts into the table are announced: on PostgreSQL, by its insert trigger
+    /// ([`crate::TableName::notify_trigger`], made by `migrate`) when it is there and
+    /// enabled — without it a LISTEN hears nothing
+    /// (docs/operations/wake-ups.md#what-each-wake-up-costs). Always
+    /// [`InsertTrigger::WhileAsleep`] elsewhere, where nothing is needed.
+    pub async fn insert_trigger(&self) -> Result<InsertTrigger, StoreError> {
         if Dialect::of(self.connection()) != Dialect::Postgres {
-            return Ok(true);
+            return Ok(InsertTrigger::WhileAsleep);
         }
         let t = self.table();
         let mut params = Params::new(Dialect::Postgres);
         let (table, name) = (params.bind(t.as_str()), params.bind(t.notify_trigger()));
+        let lock = params.bind(format!("({})", t.wake_lock()));
         let row = self
             .connection()
             .query_one(params.statement(format!(
-                "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass({table}) \
-                 AND tgname = {name} AND tgenabled <> 'D') AS announced"
+                "SELECT tgqual IS NULL AS every, \
+                 position({lock} in pg_get_triggerdef(oid)) > 0 AS asleep FROM pg_trigger \
+                 WHERE tgrelid = to_regclass({table}) AND tgname = {name} AND tgenabled <> 'D'"
             )))
             .await
             .map_err(database)?;
-        row.map_or(Ok(false), |row| {
-            row.try_get::<bool>("", "announced").map_err(database)
+        let Some(row) = row else {
+            return Ok(InsertTrigger::Off);
+        };
+        let every = row.try_get::<bool>("", "every").map_err(database)?;
+        let asleep = row.try_get::<bool>("", "asleep").map_err(database)?;
+        Ok(match (every, asleep) {
+            (true, _) => InsertTrigger::EveryInsert,
+            (false, true) => InsertTrigger::WhileAsleep,
+            // A condition on another lock (the trigger of a table renamed since): it
+            // NOTIFYs nobody.
+            (false, false) => InsertTrigger::Off,
         })
     }
+}
+
+/// What announces inserts into a table ([`SeaOrmStore::insert_trigger`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertTrigger {
+    /// PostgreSQL: no trigger, a disabled one, or one made for the table under another name:
+    /// a LISTEN would hear nothing.
+    Off,
+    /// PostgreSQL: the trigger of a table `migrate` has not upgraded yet, which NOTIFYs on
+    /// every insert: LISTEN works, and every producer's commit pays for a NOTIFY.
+    EveryInsert,
+    /// The trigger NOTIFYs only while a relay sleeps (and on other backends, no trigger
+    /// is needed).
+    WhileAsleep,
 }
 
 /// A feed's failure, as the port carries it: the driver's text.

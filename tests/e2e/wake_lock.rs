@@ -1,0 +1,243 @@
+//! PostgreSQL's insert trigger NOTIFYs only while a relay sleeps
+//! (docs/design/wake-ups.md#notify-only-a-sleeping-relay): a producer's insert with no
+//! relay asleep NOTIFYs nothing, one while a session holds the table's wake lock does, and
+//! a relay cannot fall asleep while a producer's insert is uncommitted. `migrate` carries
+//! a trigger of an earlier version over while producers insert, none of them held up.
+
+use outbox_store::TableName;
+use outbox_tests::{event, Backend, TestDatabase};
+use sea_orm::sqlx::postgres::{PgConnection, PgListener};
+use sea_orm::sqlx::Connection as _;
+use sea_orm::{ConnectionTrait as _, DbBackend, Statement};
+use std::time::{Duration, Instant};
+
+/// Longer than a notification takes on a local server.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A LISTEN connection to `table`'s channel, as a relay's.
+async fn listener(database: &TestDatabase) -> PgListener {
+    let mut listener = PgListener::connect(&database.url)
+        .await
+        .expect("a LISTEN connection");
+    listener
+        .listen(database.table.as_str())
+        .await
+        .expect("LISTEN");
+    listener
+}
+
+/// Tries (`take`) or lets go of the table's wake lock on `listener`'s session: whether it
+/// was taken, or let go.
+async fn wake_lock(listener: &mut PgListener, table: &TableName, take: bool) -> bool {
+    let function = match take {
+        true => "pg_try_advisory_lock",
+        false => "pg_advisory_unlock",
+    };
+    let sql = format!("SELECT {function}({})", table.wake_lock());
+    sea_orm::sqlx::query_scalar::<_, bool>(&sql)
+        .fetch_one(&mut *listener)
+        .await
+        .expect("the wake lock")
+}
+
+/// Notifications `listener` holds now: a round trip first, so that every notification the
+/// server sent before it has been read.
+async fn pending_notifications(listener: &mut PgListener) -> usize {
+    sea_orm::sqlx::query("SELECT 1")
+        .execute(&mut *listener)
+        .await
+        .expect("a round trip");
+    std::iter::from_fn(|| listener.next_buffered()).count()
+}
+
+async fn insert(database: &TestDatabase, id: &str) {
+    outbox_tests::seed(database, &[event(id, "room")]).await;
+}
+
+#[actix_rt::test]
+async fn postgres_inserts_notify_only_while_a_relay_sleeps() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let mut relay = listener(&database).await;
+
+    insert(&database, "awake-1").await;
+    assert_eq!(
+        pending_notifications(&mut relay).await,
+        0,
+        "an insert with no relay asleep NOTIFYs nobody"
+    );
+
+    assert!(wake_lock(&mut relay, &database.table, true).await);
+    insert(&database, "asleep-1").await;
+    tokio::time::timeout(DEADLINE, relay.recv())
+        .await
+        .expect("an insert while the relay sleeps NOTIFYs it")
+        .expect("the notification");
+
+    assert!(
+        wake_lock(&mut relay, &database.table, false).await,
+        "the lock was held, and is let go"
+    );
+    insert(&database, "awake-2").await;
+    assert_eq!(
+        pending_notifications(&mut relay).await,
+        0,
+        "once woken, the relay hears of no insert"
+    );
+    database.drop_table().await;
+}
+
+/// A producer between its insert and its commit NOTIFYs nobody (no relay was asleep when
+/// it inserted), so no relay may fall asleep before that row is visible: the wake lock is
+/// refused until the producer commits.
+#[actix_rt::test]
+async fn postgres_a_relay_cannot_fall_asleep_over_an_uncommitted_insert() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let mut relay = listener(&database).await;
+    let mut producer = PgConnection::connect(&database.url)
+        .await
+        .expect("a producer connection");
+    let t = &database.table;
+    let insert = format!(
+        "INSERT INTO {t} (event_id, event_type, room_id, envelope) \
+         VALUES ('in-flight', 'room.message.posted', 'room', '{{}}')"
+    );
+    sea_orm::sqlx::query("BEGIN")
+        .execute(&mut producer)
+        .await
+        .expect("BEGIN");
+    sea_orm::sqlx::query(&insert)
+        .execute(&mut producer)
+        .await
+        .expect("the producer's insert");
+    assert!(
+        !wake_lock(&mut relay, t, true).await,
+        "the wake lock is refused while an insert is uncommitted"
+    );
+    sea_orm::sqlx::query("COMMIT")
+        .execute(&mut producer)
+        .await
+        .expect("COMMIT");
+    assert!(
+        wake_lock(&mut relay, t, true).await,
+        "taken once the producer committed"
+    );
+    assert_eq!(pending_notifications(&mut relay).await, 0);
+    producer.close().await.expect("close");
+    database.drop_table().await;
+}
+
+/// The trigger `migrate` made before the wake lock existed: NOTIFY on every insert.
+async fn make_trigger_old(database: &TestDatabase) {
+    let t = database.table.as_str();
+    for sql in [
+        format!("DROP TRIGGER {t}_notify ON {t}"),
+        format!(
+            "CREATE TRIGGER {t}_notify AFTER INSERT ON {t} \
+             FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()"
+        ),
+        format!("DELETE FROM {t}_migrations WHERE name LIKE '%wake_room_outbox_sleepers'"),
+    ] {
+        database.execute(&sql).await;
+    }
+}
+
+/// The insert trigger's definition and state (`O` on, `D` off).
+async fn trigger(database: &TestDatabase) -> (String, String) {
+    let t = database.table.as_str();
+    let row = database
+        .db()
+        .query_one(Statement::from_string(
+            DbBackend::Postgres,
+            format!(
+                "SELECT pg_get_triggerdef(oid) AS def, tgenabled::text AS state FROM pg_trigger \
+                 WHERE tgrelid = '{t}'::regclass AND tgname = '{t}_notify'"
+            ),
+        ))
+        .await
+        .expect("pg_trigger")
+        .expect("the insert trigger exists");
+    (
+        row.try_get("", "def").expect("def"),
+        row.try_get("", "state").expect("state"),
+    )
+}
+
+/// Rows in the table.
+async fn count(database: &TestDatabase) -> i64 {
+    let t = database.table.as_str();
+    database
+        .db()
+        .query_one(Statement::from_string(
+            DbBackend::Postgres,
+            format!("SELECT count(*) AS n FROM {t}"),
+        ))
+        .await
+        .expect("count")
+        .expect("a row")
+        .try_get("", "n")
+        .expect("n")
+}
+
+/// An installation from before the wake lock is carried over by `migrate` while a
+/// producer inserts without pause: no insert waits 200 ms, the trigger now NOTIFYs only a
+/// sleeping relay, and a trigger the operator disabled stays disabled.
+#[actix_rt::test]
+async fn postgres_migrate_carries_an_old_trigger_over_while_producers_insert() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    make_trigger_old(&database).await;
+    assert!(!trigger(&database).await.0.contains("WHEN"));
+
+    let (db, table) = (database.db().clone(), database.table.clone());
+    let stop = std::rc::Rc::new(std::cell::Cell::new(false));
+    let stopping = std::rc::Rc::clone(&stop);
+    let producer = actix_rt::spawn(async move {
+        let (mut worst, mut inserted) = (Duration::ZERO, 0);
+        while !stopping.get() {
+            let started = Instant::now();
+            let row = event(&format!("load-{inserted:06}"), "room");
+            outbox_store::insert_events(&db, &table, &[row])
+                .await
+                .expect("the producer's insert");
+            worst = worst.max(started.elapsed());
+            inserted += 1;
+        }
+        (worst, inserted)
+    });
+    outbox_tests::eventually("the producer to insert", DEADLINE, || async {
+        count(&database).await >= 50
+    })
+    .await;
+    let applied = outbox_store::migrate(database.db(), &database.table)
+        .await
+        .expect("migrate");
+    let rows_then = count(&database).await;
+    outbox_tests::eventually("more inserts after migrate", DEADLINE, || async {
+        count(&database).await > rows_then + 50
+    })
+    .await;
+    stop.set(true);
+    let (worst, inserted) = producer.await.expect("the producer");
+    println!("carry-over: {inserted} inserts meanwhile, the slowest {worst:?}");
+    assert_eq!(applied, ["m20261206_000009_wake_room_outbox_sleepers"]);
+    let (def, state) = trigger(&database).await;
+    assert!(
+        def.contains("WHEN ((NOT pg_try_advisory_xact_lock_shared("),
+        "{def}"
+    );
+    assert_eq!(state, "O");
+    outbox_tests::assert_within("the slowest insert", worst, Duration::from_millis(200));
+
+    // Disabled by its operator: carried over, and still disabled.
+    let t = database.table.as_str();
+    make_trigger_old(&database).await;
+    database
+        .execute(&format!("ALTER TABLE {t} DISABLE TRIGGER {t}_notify"))
+        .await;
+    outbox_store::migrate(database.db(), &database.table)
+        .await
+        .expect("migrate");
+    let (def, state) = trigger(&database).await;
+    assert!(def.contains("pg_try_advisory_xact_lock_shared"), "{def}");
+    assert_eq!(state, "D", "the operator's DISABLE stays");
+    database.drop_table().await;
+}
