@@ -4,7 +4,7 @@
 //! a relay cannot fall asleep while a producer's insert is uncommitted. `migrate` carries
 //! a trigger of an earlier version over while producers insert, none of them held up.
 
-use outbox_store::TableName;
+use outbox_store::{InsertTrigger, TableName};
 use outbox_tests::{event, Backend, TestDatabase};
 use sea_orm::sqlx::postgres::{PgConnection, PgListener};
 use sea_orm::sqlx::Connection as _;
@@ -186,6 +186,10 @@ async fn postgres_migrate_carries_an_old_trigger_over_while_producers_insert() {
     let database = TestDatabase::new(Backend::Postgres).await;
     make_trigger_old(&database).await;
     assert!(!trigger(&database).await.0.contains("WHEN"));
+    assert_eq!(
+        database.store.insert_trigger().await.expect("the trigger"),
+        InsertTrigger::EveryInsert
+    );
 
     let (db, table) = (database.db().clone(), database.table.clone());
     let stop = std::rc::Rc::new(std::cell::Cell::new(false));
@@ -225,6 +229,11 @@ async fn postgres_migrate_carries_an_old_trigger_over_while_producers_insert() {
         "{def}"
     );
     assert_eq!(state, "O");
+    assert_eq!(
+        database.store.insert_trigger().await.expect("the trigger"),
+        InsertTrigger::WhileAsleep,
+        "a relay recognises the trigger it needs: {def}"
+    );
     outbox_tests::assert_within("the slowest insert", worst, Duration::from_millis(200));
 
     // Disabled by its operator: carried over, and still disabled.

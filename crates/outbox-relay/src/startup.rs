@@ -317,7 +317,11 @@ async fn start_one(
     // NOTIFY): the probe instead, whatever `notify` says.
     let mut notify = database.notify;
     if notify {
-        match store.insert_trigger().await.unwrap_or(InsertTrigger::WhileAsleep) {
+        match store
+            .insert_trigger()
+            .await
+            .unwrap_or(InsertTrigger::WhileAsleep)
+        {
             InsertTrigger::Off => {
                 warn!(
                     %outbox,

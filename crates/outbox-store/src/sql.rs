@@ -36,14 +36,15 @@ impl TableName {
         format!("{}_notify", self.0)
     }
 
-    /// PostgreSQL: the two keys of the table's wake lock, [`WAKE_LOCK_KEY`] and a 32-bit
+    /// PostgreSQL: the two keys of the table's wake lock, [`WAKE_LOCK_KEY`] and a 31-bit
     /// FNV-1a hash of the name (stable across builds, and across a dump and restore, unlike
-    /// the table's oid), as SQL arguments: `1869968482, -123456789`.
+    /// the table's oid), as SQL arguments: `1869968482, 123456789`. Both are positive, so
+    /// `pg_get_triggerdef` prints them as written (a relay checks the trigger by them).
     pub fn wake_lock(&self) -> String {
         let hash = self.0.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
             (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
         });
-        format!("{WAKE_LOCK_KEY}, {}", hash as i32)
+        format!("{WAKE_LOCK_KEY}, {}", hash & 0x7fff_ffff)
     }
 }
 
@@ -242,7 +243,7 @@ mod tests {
         // The trigger `migrate` made names these keys; a relay built later must take the
         // same lock, or the trigger NOTIFYs nobody.
         let table = TableName::parse("room_outbox").unwrap();
-        assert_eq!(table.wake_lock(), "1869968482, -1085803650");
+        assert_eq!(table.wake_lock(), "1869968482, 1061679998");
     }
 
     #[test]
