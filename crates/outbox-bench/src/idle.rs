@@ -78,17 +78,17 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
 }
 
 /// What the database server has done so far, as far as it tells.
-struct ServerLoad {
+pub(crate) struct ServerLoad {
     /// Transactions (PostgreSQL: every statement outside one is one) or statements
     /// (MySQL `Questions`) of the whole server; `None` for SQLite, which has no server.
-    statements: Option<f64>,
+    pub(crate) statements: Option<f64>,
     /// CPU seconds of the server's processes ([`DbServer`]: PostgreSQL's postmaster and its
     /// descendants, or `mariadbd`).
-    cpu_seconds: Option<f64>,
+    pub(crate) cpu_seconds: Option<f64>,
 }
 
 impl ServerLoad {
-    async fn read(db: &DatabaseConnection, server: &DbServer) -> anyhow::Result<Self> {
+    pub(crate) async fn read(db: &DatabaseConnection, server: &DbServer) -> anyhow::Result<Self> {
         let backend = db.get_database_backend();
         let sql = match backend {
             sea_orm::DbBackend::Postgres => {
@@ -116,7 +116,7 @@ impl ServerLoad {
         })
     }
 
-    fn since(self, before: &ServerLoad) -> ServerLoad {
+    pub(crate) fn since(self, before: &ServerLoad) -> ServerLoad {
         let delta = |now: Option<f64>, then: Option<f64>| Some(now? - then?);
         ServerLoad {
             // Less the one statement of the first reading.

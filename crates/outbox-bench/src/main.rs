@@ -14,6 +14,7 @@ mod idle;
 mod latency;
 mod otlp_sink;
 mod process;
+mod producers;
 mod published;
 mod report;
 mod scenario;
@@ -49,6 +50,8 @@ enum Scenario {
     History(history::HistoryArgs),
     /// An idle relay: its CPU, and the database's statements/s and CPU (wake-ups' cost).
     Idle(idle::IdleArgs),
+    /// What the relay costs the producers: their commits/s and commit latency, with and without.
+    Producers(producers::ProducersArgs),
     /// One scenario run by two builds, interleaved over rounds: every figure's medians,
     /// their ratio, and whether the rounds' spread is too large to call the difference.
     Compare(compare::CompareArgs),
@@ -104,6 +107,7 @@ fn main() -> ExitCode {
             Scenario::Matrix(args) => scenario::matrix(args).await,
             Scenario::History(args) => history::run(args).await,
             Scenario::Idle(args) => idle::run(args).await,
+            Scenario::Producers(args) => producers::run(args).await,
             Scenario::Compare(args) => compare::run(args).await,
             Scenario::Adopt(args) => adopt::run(args).await,
             Scenario::Report(args) => report::run(args),

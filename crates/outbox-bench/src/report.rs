@@ -60,6 +60,13 @@ macro_rules! column {
             cell: |line| figure(&line[$key]),
         }
     };
+    // A figure of one state's object (`producers`' `"bare": {…}`).
+    ($header:literal, $object:literal, $key:literal) => {
+        Column {
+            header: $header,
+            cell: |line| figure(&line[$object][$key]),
+        }
+    };
 }
 
 const TABLES: &[Table] = &[
@@ -146,8 +153,38 @@ const TABLES: &[Table] = &[
         title: "Idle cost",
         columns: &[
             Column {
-                header: "backend",
-                cell: |line| line["backend"].as_str().unwrap_or("?").to_owned(),
+                header: "backend, wake-ups",
+                cell: backend_and_wake_ups,
+            },
+            column!("relay CPU %", "relay_cpu_percent"),
+            column!("statements/s", "statements_per_sec"),
+            column!("database CPU %", "server_cpu_percent"),
+        ],
+    },
+    Table {
+        scenario: "producers",
+        title: "Producers: what the relay costs the inserts",
+        columns: &[
+            Column {
+                header: "backend, wake-ups",
+                cell: backend_and_wake_ups,
+            },
+            column!("connections", "connections"),
+            column!("bare commits/s", "bare", "commits_per_sec"),
+            column!("installed commits/s", "installed", "commits_per_sec"),
+            column!("installed ÷ bare", "installed_over_bare"),
+            column!("serving-bare p99 ms", "serving_bare", "p99_ms"),
+            column!("serving p99 ms", "serving", "p99_ms"),
+            column!("serving ÷ bare p99", "serving_p99_over_bare"),
+        ],
+    },
+    Table {
+        scenario: "producers_idle",
+        title: "Producers: the idle relay",
+        columns: &[
+            Column {
+                header: "backend, wake-ups",
+                cell: backend_and_wake_ups,
             },
             column!("relay CPU %", "relay_cpu_percent"),
             column!("statements/s", "statements_per_sec"),
@@ -155,6 +192,15 @@ const TABLES: &[Table] = &[
         ],
     },
 ];
+
+/// `postgres, notify`; the backend alone in a line that does not say its wake-ups.
+fn backend_and_wake_ups(line: &Value) -> String {
+    let backend = line["backend"].as_str().unwrap_or("?");
+    match line["wake_ups"].as_str() {
+        Some(wake_ups) => format!("{backend}, {wake_ups}"),
+        None => backend.to_owned(),
+    }
+}
 
 /// The tables of the scenario lines in `text`, in the order of [`TABLES`]; a scenario with
 /// no line has no table.
@@ -230,5 +276,28 @@ mod tests {
             "{tables}"
         );
         assert!(!tables.contains("## Idle cost"), "no line, no table");
+    }
+
+    #[test]
+    fn producers_lines_become_their_two_tables() {
+        let output = r#"producers: postgres, connections 16 …
+{"scenario": "producers_idle", "backend": "sqlite", "seconds": 10, "statements_per_sec": null, "server_cpu_percent": null, "relay_cpu_percent": 2.0}
+{"scenario": "producers", "backend": "postgres", "connections": 16, "seconds": 10, "rounds": 3, "rate": 1000, "bare": {"commits_per_sec": 2817.0, "p50_ms": 4.907, "p99_ms": 17.882}, "installed": {"commits_per_sec": 2750.0, "p50_ms": 5.1, "p99_ms": 18.2}, "serving_bare": {"commits_per_sec": 999.0, "p50_ms": 2.2, "p99_ms": 9.73, "rate_reached": true}, "serving": {"commits_per_sec": 1000.0, "p50_ms": 2.927, "p99_ms": 10.5, "rate_reached": true}, "installed_over_bare": 0.976, "serving_p50_over_bare": 1.33, "serving_p99_over_bare": 1.079, "errors": 0}
+"#;
+        let tables = tables(output);
+        assert!(
+            tables.contains("## Producers: what the relay costs the inserts\n"),
+            "{tables}"
+        );
+        assert!(
+            tables.contains("| postgres | 16 | 2,817 | 2,750 | 0.976 | 9.73 | 10.5 | 1.079 |"),
+            "{tables}"
+        );
+        assert!(tables.contains("| sqlite | 2 | — | — |"), "{tables}");
+        assert!(
+            tables.find("## Producers: what").unwrap()
+                < tables.find("## Producers: the idle").unwrap(),
+            "in the order of TABLES: {tables}"
+        );
     }
 }

@@ -262,17 +262,32 @@ impl Bench {
         broker.close().await;
         for outbox in &self.outboxes {
             let t = outbox.store.table().as_str();
+            let db = outbox.store.connection();
             for suffix in ["", "_migrations", "_lock"] {
-                let _ = outbox
-                    .store
-                    .connection()
+                let _ = db
                     .execute_unprepared(&format!("DROP TABLE IF EXISTS {t}{suffix}"))
+                    .await;
+            }
+            if db.get_database_backend() == DbBackend::Postgres {
+                // The insert trigger's function outlives its table.
+                let _ = db
+                    .execute_unprepared(&format!("DROP FUNCTION IF EXISTS {t}_notify()"))
                     .await;
             }
         }
         if let Some(file) = self.sqlite_file {
             for suffix in ["", "-wal", "-shm"] {
                 let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+            }
+            // The node lock's file beside the database (`<file>.outbox-relay-<hash>.lock`).
+            let (dir, name) = (file.parent(), file.file_name());
+            if let (Some(dir), Some(name)) = (dir, name.and_then(|name| name.to_str())) {
+                let prefix = format!("{name}.outbox-relay-");
+                for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                    if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                        let _ = std::fs::remove_file(entry.path());
+                    }
+                }
             }
         }
         Ok(())

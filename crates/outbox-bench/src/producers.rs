@@ -1,0 +1,524 @@
+//! `producers`: what the relay costs the services that insert into its table, measured as
+//! pgbench would. N producer connections each commit one event per transaction (an
+//! autocommit `INSERT`), timed from the statement's send to its result, in four states
+//! per connection count, measured in turn in every round so that a drift of the machine
+//! falls on all of them alike:
+//!
+//! - *bare*: a copy of the relay's table with its columns, indexes and defaults only (no
+//!   trigger, no storage options), inserted into as fast as the producers can;
+//! - *installed*: the relay's table as `migrate` left it (on PostgreSQL: its NOTIFY
+//!   trigger, fillfactor and autovacuum settings), as fast as they can, no relay running;
+//! - *serving-bare*: a relay running, idle, on its table while the producers insert into
+//!   the bare copy at `--rate` commits/s: what the relay's wake-ups and polls cost them;
+//! - *serving*: the same relay relaying what the producers insert into its table at the
+//!   same rate: what claiming and marking beside the inserts costs them.
+//!
+//! The producers run on a thread and a runtime of their own, on connections of their own,
+//! so that the relay's runtime (on the main thread) schedules none of their work. Every
+//! state starts on two empty tables. Once per run, an idle relay's own CPU and the
+//! database's statements and CPU are measured too.
+
+mod load;
+
+use crate::cost::DbServer;
+use crate::idle::ServerLoad;
+use crate::process;
+use crate::scenario::{median, round, Backend, Bench};
+use anyhow::{bail, Context as _};
+use clap::Args;
+use lapin::options::QueuePurgeOptions;
+use load::{measure, Plan, Window};
+use outbox_amqp::{Broker, Tap, TapQueue};
+use outbox_relay::startup::{open_broker, start_relay};
+use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend, Statement};
+use std::time::Duration;
+
+/// `producers` options.
+#[derive(Debug, Clone, Args)]
+pub struct ProducersArgs {
+    /// Database backend.
+    #[arg(long, value_enum, default_value_t = Backend::Postgres)]
+    backend: Backend,
+    /// Producer connection counts, each measured in every state.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,4,16,64",
+        value_parser = clap::value_parser!(u32).range(1..=1000)
+    )]
+    connections: Vec<u32>,
+    /// Seconds measured per state.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    seconds: u64,
+    /// Rounds, each measuring every state once (medians reported).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Commits/s offered in the serving states, spread evenly over the connections.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    rate: u64,
+    /// Seconds an idle relay is measured, once per run (0: not measured).
+    #[arg(long, default_value_t = 10)]
+    idle_seconds: u64,
+    /// Bytes of each event's envelope.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(64..))]
+    envelope_bytes: u64,
+    /// PostgreSQL: the relay does not LISTEN (`database.notify = false`): it probes, unless
+    /// `--no-probe`.
+    #[arg(long)]
+    no_notify: bool,
+    /// The relay does not probe (`database.probe = false`).
+    #[arg(long)]
+    no_probe: bool,
+}
+
+impl ProducersArgs {
+    /// The relay's wake-up, for the figures: `notify`, `probe`, `data_version` or `none`.
+    fn wake_ups(&self) -> &'static str {
+        match (self.backend, self.no_notify, self.no_probe) {
+            (Backend::Postgres, false, _) => "notify",
+            (_, _, true) => "none",
+            (Backend::Sqlite, _, false) => "data_version",
+            (Backend::Postgres | Backend::Mysql, _, false) => "probe",
+        }
+    }
+}
+
+/// Rooms the events are spread over.
+const ROOMS: usize = 1_000;
+/// How long a started relay settles before the first serving state.
+const SETTLE: Duration = Duration::from_secs(1);
+/// How long the relay may take to mark what a serving state inserted.
+const MARK_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The measured states, in the order a round measures them for one connection count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Bare,
+    Installed,
+    ServingBare,
+    Serving,
+}
+
+impl State {
+    const ALL: [State; 4] = [
+        State::Bare,
+        State::Installed,
+        State::ServingBare,
+        State::Serving,
+    ];
+
+    /// Its key in the JSON line.
+    fn key(self) -> &'static str {
+        match self {
+            State::Bare => "bare",
+            State::Installed => "installed",
+            State::ServingBare => "serving_bare",
+            State::Serving => "serving",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            State::Bare => "bare",
+            State::Installed => "installed",
+            State::ServingBare => "serving-bare",
+            State::Serving => "serving",
+        }
+    }
+
+    /// A relay runs, and the producers insert at the offered rate (open loop).
+    fn serving(self) -> bool {
+        matches!(self, State::ServingBare | State::Serving)
+    }
+
+    /// The producers insert into the relay's table (else into the bare copy).
+    fn into_installed(self) -> bool {
+        matches!(self, State::Installed | State::Serving)
+    }
+}
+
+/// Runs every round and prints each state's figures, then the medians per connection
+/// count (a table and one JSON line each).
+pub async fn run(args: ProducersArgs) -> anyhow::Result<()> {
+    let backend = format!("{:?}", args.backend).to_lowercase();
+    let counts: Vec<String> = args.connections.iter().map(u32::to_string).collect();
+    println!(
+        "producers: {backend}, connections {}, {} s per state, {} round(s), serving states \
+         offered {} commits/s, envelopes of {} bytes, {ROOMS} rooms, wake-ups {}",
+        counts.join(","),
+        args.seconds,
+        args.rounds,
+        args.rate,
+        args.envelope_bytes,
+        args.wake_ups()
+    );
+    let bench = Bench::setup(args.backend, |settings| {
+        settings.database.notify = !args.no_notify;
+        settings.database.probe = !args.no_probe;
+    })
+    .await?;
+    let bare = format!("{}_bare", bench.store.table().as_str());
+    let outcome = measure_all(&args, &bench, &bare).await;
+    // Teardown whatever happened: the bare copy first (on PostgreSQL its default draws on
+    // the relay table's sequence, which goes with that table).
+    let dropped = bench
+        .store
+        .connection()
+        .execute_unprepared(&format!("DROP TABLE IF EXISTS {bare}"))
+        .await;
+    let torn_down = bench.teardown().await;
+    let rounds = outcome?;
+    dropped.with_context(|| format!("cannot drop {bare}"))?;
+    torn_down.context("teardown")?;
+    summarise(&args, &backend, &rounds);
+    Ok(())
+}
+
+/// The bare copy, the broker and its queue, the idle relay, then every round: per round,
+/// per connection count, the four states' windows.
+async fn measure_all(
+    args: &ProducersArgs,
+    bench: &Bench,
+    bare: &str,
+) -> anyhow::Result<Vec<Vec<[Window; 4]>>> {
+    create_bare(bench.store.connection(), bench.store.table().as_str(), bare).await?;
+    let broker = open_broker(&bench.config).await?;
+    // A durable queue of the exchange's name (`Bench::teardown` deletes it) takes what the
+    // relay publishes, so nothing is unroutable; purged after each serving state.
+    let tap = match broker.open_channel().await {
+        Ok(channel) => Tap::open(
+            channel,
+            TapQueue::Durable(bench.queue.clone()),
+            &bench.queue,
+            "#",
+        )
+        .await
+        .context("cannot bind a queue to the relay's exchange"),
+        Err(error) => Err(error.into()),
+    };
+    let tap = match tap {
+        Ok(tap) => tap,
+        Err(error) => {
+            broker.close().await;
+            return Err(error);
+        }
+    };
+    let run = Run {
+        args,
+        bench,
+        bare,
+        url: outbox_store::connection_url(&bench.config.outboxes[0].database_url),
+        broker: &broker,
+        tap: &tap,
+    };
+    let measured = async {
+        if args.idle_seconds > 0 {
+            run.idle().await?;
+        }
+        let mut rounds = Vec::with_capacity(args.rounds as usize);
+        for n in 0..args.rounds {
+            rounds.push(run.round(n).await?);
+        }
+        anyhow::Ok(rounds)
+    }
+    .await;
+    tap.close().await;
+    broker.close().await;
+    measured
+}
+
+/// What every state of a run shares.
+struct Run<'a> {
+    args: &'a ProducersArgs,
+    bench: &'a Bench,
+    /// The bare copy's name.
+    bare: &'a str,
+    /// The producers' URL: the relay's database, plain text as the relay's own pool.
+    url: String,
+    broker: &'a Broker,
+    tap: &'a Tap,
+}
+
+impl Run<'_> {
+    fn table(&self) -> &str {
+        self.bench.store.table().as_str()
+    }
+
+    /// Empties both tables (the relay's, when a relay runs, only once every row is marked).
+    async fn clear_both(&self) -> anyhow::Result<()> {
+        let db = self.bench.store.connection();
+        clear(db, self.bare).await?;
+        clear(db, self.table()).await
+    }
+
+    /// A relay with nothing to do for `--idle-seconds`: its CPU, the database's
+    /// statements/s and CPU (as `idle` measures them), printed with a JSON line.
+    async fn idle(&self) -> anyhow::Result<()> {
+        let relay = start_relay(&self.bench.config, &self.bench.store, self.broker).await?;
+        let seconds = self.args.idle_seconds;
+        let measured = async {
+            tokio::time::sleep(SETTLE).await;
+            let db = self.bench.store.connection();
+            let db_server = DbServer::find(db).await;
+            let server = ServerLoad::read(db, &db_server).await?;
+            let cpu = process::cpu_seconds();
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            let cpu = process::cpu_seconds() - cpu;
+            let server = ServerLoad::read(db, &db_server).await?.since(&server);
+            anyhow::Ok((cpu, server))
+        }
+        .await;
+        // Stopped before an error returns: a relay dropped with the runtime would drop its
+        // PostgreSQL listener outside it.
+        let stopped = relay.shutdown().await;
+        let (cpu, server) = measured?;
+        stopped?;
+        let relay_cpu = round(100.0 * cpu / seconds as f64, 2);
+        let statements = server.statements.map(|n| round(n / seconds as f64, 1));
+        let server_cpu = server
+            .cpu_seconds
+            .map(|s| round(100.0 * s / seconds as f64, 2));
+        let backend = format!("{:?}", self.args.backend).to_lowercase();
+        let or_na = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| v.to_string());
+        println!(
+            "  idle relay, {seconds} s: relay CPU {relay_cpu} % of a core | database {} \
+             statements/s, server CPU {} % of a core",
+            or_na(statements),
+            or_na(server_cpu)
+        );
+        println!(
+            "{}",
+            serde_json::json!({"scenario": "producers_idle", "backend": backend,
+                "wake_ups": self.args.wake_ups(),
+                "seconds": seconds, "statements_per_sec": statements,
+                "server_cpu_percent": server_cpu, "relay_cpu_percent": relay_cpu})
+        );
+        Ok(())
+    }
+
+    /// One round: bare and installed for each connection count, then a relay started for
+    /// serving-bare and serving for each, and stopped. Per connection count, the four
+    /// states' windows.
+    async fn round(&self, n: u32) -> anyhow::Result<Vec<[Window; 4]>> {
+        let counts = &self.args.connections;
+        let mut windows: Vec<[Window; 4]> = vec![Default::default(); counts.len()];
+        for (cell, &connections) in windows.iter_mut().zip(counts) {
+            for state in [State::Bare, State::Installed] {
+                cell[state as usize] = self.state(n, connections, state).await?;
+            }
+        }
+        // Nothing pending for the relay to find when it starts.
+        self.clear_both().await?;
+        let relay = start_relay(&self.bench.config, &self.bench.store, self.broker).await?;
+        let served = async {
+            tokio::time::sleep(SETTLE).await;
+            for (cell, &connections) in windows.iter_mut().zip(counts) {
+                for state in [State::ServingBare, State::Serving] {
+                    cell[state as usize] = self.state(n, connections, state).await?;
+                }
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        // Stopped before an error returns (see `idle`).
+        let stopped = relay.shutdown().await;
+        served?;
+        stopped?;
+        Ok(windows)
+    }
+
+    /// One state's window on empty tables, printed; after serving, once the relay has
+    /// marked every row, the queue is purged.
+    async fn state(&self, n: u32, connections: u32, state: State) -> anyhow::Result<Window> {
+        self.clear_both().await?;
+        let backend = self.bench.store.connection().get_database_backend();
+        let table = match state.into_installed() {
+            true => self.table(),
+            false => self.bare,
+        };
+        let values = match backend {
+            DbBackend::Postgres => "$1, $2, $3, $4",
+            DbBackend::MySql | DbBackend::Sqlite => "?, ?, ?, ?",
+        };
+        let plan = Plan {
+            url: self.url.clone(),
+            backend,
+            sql: format!(
+                "INSERT INTO {table} (event_id, event_type, room_id, envelope) VALUES ({values})"
+            ),
+            connections,
+            seconds: self.args.seconds,
+            rate: state.serving().then_some(self.args.rate),
+            prefix: format!("r{n}c{connections}{}", state.key()),
+            envelope_bytes: self.args.envelope_bytes as usize,
+        };
+        let window = measure(plan)
+            .await
+            .with_context(|| format!("{connections} connections, {}", state.label()))?;
+        if state == State::Serving {
+            self.bench.wait_all_marked(MARK_DEADLINE).await?;
+            self.tap
+                .channel()
+                .queue_purge(self.tap.name().into(), QueuePurgeOptions::default())
+                .await?;
+        }
+        let mut line = format!(
+            "  round {}/{}, {connections:>3} connections, {:<12} {:>8.0} commits/s | p50 {:.3} ms \
+             | p99 {:.3} ms",
+            n + 1,
+            self.args.rounds,
+            format!("{}:", state.label()),
+            window.rate(),
+            window.p50_ms,
+            window.p99_ms
+        );
+        if state.serving() && !window.reached {
+            line.push_str(&format!(" | offered {}/s not reached", self.args.rate));
+        }
+        if window.errors > 0 {
+            line.push_str(&format!(
+                " | {} failed statements (first: {})",
+                window.errors,
+                window.first_error.as_deref().unwrap_or("?")
+            ));
+        }
+        println!("{line}");
+        if window.commits == 0 {
+            bail!(
+                "{connections} connections, {}: no commit in {} s",
+                state.label(),
+                self.args.seconds
+            );
+        }
+        Ok(window)
+    }
+}
+
+/// The copy of `table` the bare states insert into: the same columns, indexes and
+/// defaults, nothing else the relay adds (no trigger, no storage options).
+async fn create_bare(db: &DatabaseConnection, table: &str, bare: &str) -> anyhow::Result<()> {
+    let backend = db.get_database_backend();
+    let statements = match backend {
+        DbBackend::Postgres => vec![format!(
+            "CREATE TABLE {bare} (LIKE {table} INCLUDING DEFAULTS INCLUDING INDEXES \
+             INCLUDING CONSTRAINTS)"
+        )],
+        DbBackend::MySql => vec![format!("CREATE TABLE {bare} LIKE {table}")],
+        // The table's and its indexes' own DDL, renamed (the index names start with the
+        // table's, so they are renamed too); the UNIQUE constraint's index comes with it.
+        DbBackend::Sqlite => {
+            let rows = db
+                .query_all(Statement::from_sql_and_values(
+                    backend,
+                    "SELECT sql FROM sqlite_master WHERE tbl_name = ? \
+                     AND type IN ('table', 'index') AND sql IS NOT NULL \
+                     ORDER BY type = 'index', name",
+                    [table.into()],
+                ))
+                .await?;
+            let mut statements = Vec::with_capacity(rows.len());
+            for row in rows {
+                statements.push(row.try_get::<String>("", "sql")?.replace(table, bare));
+            }
+            statements
+        }
+    };
+    for statement in statements {
+        db.execute_unprepared(&statement)
+            .await
+            .with_context(|| format!("cannot create {bare}"))?;
+    }
+    Ok(())
+}
+
+/// Empties `table`: DELETE (a running relay may be using it), then on PostgreSQL a VACUUM,
+/// so that no state inherits the dead rows of the one before, and on SQLite a checkpoint,
+/// so that each state starts on an empty WAL.
+async fn clear(db: &DatabaseConnection, table: &str) -> anyhow::Result<()> {
+    db.execute_unprepared(&format!("DELETE FROM {table}"))
+        .await
+        .with_context(|| format!("cannot empty {table}"))?;
+    match db.get_database_backend() {
+        DbBackend::Postgres => {
+            db.execute_unprepared(&format!("VACUUM {table}")).await?;
+        }
+        DbBackend::Sqlite => {
+            // Best effort: a reader of the relay's may hold the WAL a moment.
+            let _ = db
+                .execute_unprepared("PRAGMA wal_checkpoint(TRUNCATE)")
+                .await;
+        }
+        DbBackend::MySql => {}
+    }
+    Ok(())
+}
+
+/// Per connection count, the medians over the rounds: a table and one JSON line each.
+/// The ratios are the medians of each round's ratio (the states of a ratio were measured
+/// next to each other).
+fn summarise(args: &ProducersArgs, backend: &str, rounds: &[Vec<[Window; 4]>]) {
+    println!(
+        "  medians of {} round(s); ratios: the median of each round's\n  connections  state        \
+         commits/s     p50 ms     p99 ms",
+        rounds.len()
+    );
+    for (cell, &connections) in args.connections.iter().enumerate() {
+        let windows = |state: State| rounds.iter().map(move |r| &r[cell][state as usize]);
+        let pick = |state: State, f: fn(&Window) -> f64| median(windows(state).map(f).collect());
+        let ratio = |over: State, under: State, f: fn(&Window) -> f64| {
+            median(
+                (windows(over).zip(windows(under)))
+                    .map(|(o, u)| f(o) / f(u))
+                    .collect(),
+            )
+        };
+        let mut json = serde_json::json!({
+            "scenario": "producers", "backend": backend, "wake_ups": args.wake_ups(),
+            "connections": connections,
+            "seconds": args.seconds, "rounds": args.rounds, "rate": args.rate,
+            "envelope_bytes": args.envelope_bytes, "rooms": ROOMS,
+        });
+        for state in State::ALL {
+            let rate = pick(state, Window::rate);
+            let (p50, p99) = (pick(state, |w| w.p50_ms), pick(state, |w| w.p99_ms));
+            let mut line = format!(
+                "  {connections:>11}  {:<12} {rate:>9.0}  {p50:>9.3}  {p99:>9.3}",
+                state.label()
+            );
+            let mut figures = serde_json::json!({"commits_per_sec": round(rate, 0),
+                "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)});
+            if state.serving() {
+                let reached = windows(state).all(|w| w.reached);
+                figures["rate_reached"] = reached.into();
+                if !reached {
+                    line.push_str(&format!("  (offered {}/s not reached)", args.rate));
+                }
+            }
+            println!("{line}");
+            json[state.key()] = figures;
+        }
+        let installed = ratio(State::Installed, State::Bare, Window::rate);
+        let p50 = ratio(State::Serving, State::ServingBare, |w| w.p50_ms);
+        let p99 = ratio(State::Serving, State::ServingBare, |w| w.p99_ms);
+        let errors: u64 = rounds.iter().flat_map(|r| &r[cell]).map(|w| w.errors).sum();
+        println!(
+            "  {connections:>11}  installed ÷ bare commits/s {installed:.3} | serving ÷ \
+             serving-bare: p50 {p50:.3}, p99 {p99:.3}{}",
+            match errors {
+                0 => String::new(),
+                n => format!(" | {n} failed statements"),
+            }
+        );
+        json["installed_over_bare"] = round(installed, 3).into();
+        json["serving_p50_over_bare"] = round(p50, 3).into();
+        json["serving_p99_over_bare"] = round(p99, 3).into();
+        json["errors"] = errors.into();
+        println!("{json}");
+    }
+    println!(
+        "  (one autocommit INSERT per transaction and connection, timed from its send to its \
+         result; bare: the relay's table's columns, indexes and defaults only; installed: the \
+         table as migrate left it, no relay; serving-bare: an idle relay beside inserts into \
+         the bare copy at the offered rate; serving: the relay relaying the inserts)"
+    );
+}
