@@ -56,7 +56,9 @@ impl PgInsertFeed {
     /// The connection is dropped when it fails or is lost.
     async fn notified(&mut self, limit: Option<Duration>) -> Result<bool, StoreError> {
         let Some(listener) = self.listener.as_mut() else {
-            return Err(StoreError::Database("the LISTEN connection was lost".into()));
+            return Err(StoreError::Database(
+                "the LISTEN connection was lost".into(),
+            ));
         };
         // `try_recv` is cancel-safe: a message half read stays in the connection's buffer.
         let received = match limit {
