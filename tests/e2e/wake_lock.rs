@@ -250,3 +250,57 @@ async fn postgres_migrate_carries_an_old_trigger_over_while_producers_insert() {
     assert_eq!(state, "D", "the operator's DISABLE stays");
     database.drop_table().await;
 }
+
+/// Two relays' feeds on one table: once both are asleep (one holds the wake lock, the other
+/// waits for it), an insert wakes both, and neither answers before it.
+#[actix_rt::test]
+async fn postgres_two_sleeping_relays_both_wake_on_an_insert() {
+    use outbox_core::InsertFeed;
+    use outbox_store::wake::listen::PgInsertFeed;
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let feed = || {
+        PgInsertFeed::new(
+            &database.url,
+            database.table.clone(),
+            Duration::from_millis(5),
+        )
+    };
+    let (mut first, mut second) = (feed(), feed());
+    // Each answers once on connecting, and the first once more on taking the lock (a
+    // claim for the rows committed before it was taken).
+    for feed in [&mut first, &mut second] {
+        tokio::time::timeout(DEADLINE, feed.wait())
+            .await
+            .expect("connected")
+            .expect("the feed");
+    }
+    tokio::time::timeout(DEADLINE, first.wait())
+        .await
+        .expect("the lock taken")
+        .expect("the feed");
+    let first_wakes = actix_rt::spawn(async move {
+        first.wait().await.expect("the first feed");
+        Instant::now()
+    });
+    let second_wakes = actix_rt::spawn(async move {
+        second.wait().await.expect("the second feed");
+        Instant::now()
+    });
+    // Asleep, both: the first holds the lock, the second waits for it; nothing answers
+    // before the insert (the producer's commit is timed after its own round trip).
+    let mut listener = listener(&database).await;
+    assert!(
+        !wake_lock(&mut listener, &database.table, true).await,
+        "a relay holds the wake lock"
+    );
+    let inserted = Instant::now();
+    insert(&database, "both").await;
+    for woken in [first_wakes, second_wakes] {
+        let at = tokio::time::timeout(DEADLINE, woken)
+            .await
+            .expect("woken by the insert")
+            .expect("the feed's task");
+        assert!(at >= inserted, "answered before the insert");
+    }
+    database.drop_table().await;
+}

@@ -25,7 +25,7 @@ pub struct PgInsertFeed {
     listener: Option<PgListener>,
     /// The LISTEN connection holds the wake lock: producers' inserts NOTIFY.
     asleep: bool,
-    /// How long to wait before trying the wake lock again when it is taken.
+    /// How long one wait for the wake lock lasts at most (`lock_timeout`).
     retry: Duration,
 }
 
@@ -40,8 +40,8 @@ impl std::fmt::Debug for PgInsertFeed {
 impl PgInsertFeed {
     /// A feed of `table`'s inserts on the PostgreSQL server at `url` (plain text unless
     /// the URL asks for TLS, like the pool); connects on the first [`InsertFeed::wait`].
-    /// While the wake lock is taken (by a producer between its insert and its commit, or
-    /// by another relay asleep) it tries again every `retry`.
+    /// It waits for the wake lock `retry` at a time (a producer between its insert and its
+    /// commit holds it a moment; another relay asleep, until woken).
     pub fn new(url: &str, table: TableName, retry: Duration) -> Self {
         Self {
             url: url.to_owned(),
@@ -52,24 +52,17 @@ impl PgInsertFeed {
         }
     }
 
-    /// Waits for a notification on the connection; `Ok(false)` after `limit` without one.
-    /// The connection is dropped when it fails or is lost.
-    async fn notified(&mut self, limit: Option<Duration>) -> Result<bool, StoreError> {
+    /// Waits for a notification on the connection. The connection is dropped when it fails
+    /// or is lost.
+    async fn notified(&mut self) -> Result<(), StoreError> {
         let Some(listener) = self.listener.as_mut() else {
             return Err(StoreError::Database(
                 "the LISTEN connection was lost".into(),
             ));
         };
-        // `try_recv` is cancel-safe: a message half read stays in the connection's buffer.
-        let received = match limit {
-            Some(limit) => match tokio::time::timeout(limit, listener.try_recv()).await {
-                Ok(received) => received,
-                Err(_) => return Ok(false),
-            },
-            None => listener.try_recv().await,
-        };
+        let received = listener.try_recv().await;
         match received {
-            Ok(Some(_)) => Ok(true),
+            Ok(Some(_)) => Ok(()),
             // `None` means the connection was lost; sqlx would reconnect inside the next
             // call and then wait silently, so rows committed meanwhile would wait for a
             // poll. Instead the feed reports the loss and connects afresh on the next call,
@@ -87,22 +80,31 @@ impl PgInsertFeed {
         }
     }
 
-    /// Tries the wake lock (`take`) or lets it go, on the LISTEN connection; whether it is
-    /// held afterwards.
+    /// Takes the wake lock (`take`), waiting for it `retry` at most, or lets it go, on the
+    /// LISTEN connection; whether it is held afterwards. Waiting, rather than trying once,
+    /// takes the lock the moment a producer between its insert and its commit commits (a
+    /// producer whose insert comes while the relay waits finds the lock wanted, and
+    /// NOTIFYs). Notifications that come meanwhile are kept for [`PgInsertFeed::wait`].
     async fn wake_lock(&mut self, take: bool) -> Result<bool, StoreError> {
         let Some(listener) = self.listener.as_mut() else {
             return Ok(false);
         };
-        let function = match take {
-            true => "pg_try_advisory_lock",
-            false => "pg_advisory_unlock",
+        let keys = self.table.wake_lock();
+        let sql = match take {
+            true => format!("SELECT pg_advisory_lock({keys}) IS NULL"),
+            false => format!("SELECT pg_advisory_unlock({keys})"),
         };
-        let sql = format!("SELECT {function}({})", self.table.wake_lock());
         let answer = sea_orm::sqlx::query_scalar::<_, bool>(&sql)
             .fetch_one(&mut *listener)
             .await;
         match answer {
-            Ok(answer) => Ok(take && answer),
+            Ok(_) => Ok(take),
+            // 55P03: `lock_timeout` passed, the lock still held by someone else.
+            Err(sea_orm::sqlx::Error::Database(error))
+                if take && error.code().as_deref() == Some("55P03") =>
+            {
+                Ok(false)
+            }
             Err(error) => {
                 self.lost();
                 Err(database(error))
@@ -117,9 +119,18 @@ impl PgInsertFeed {
     }
 }
 
-/// A LISTEN connection to `table`'s channel on the server at `url`.
-async fn listen(url: &str, table: &TableName) -> Result<PgListener, sea_orm::sqlx::Error> {
+/// A LISTEN connection to `table`'s channel on the server at `url`, whose lock waits last
+/// `retry` at most.
+async fn listen(
+    url: &str,
+    table: &TableName,
+    retry: Duration,
+) -> Result<PgListener, sea_orm::sqlx::Error> {
     let mut listener = PgListener::connect(url).await?;
+    let timeout = format!("SET lock_timeout = '{}ms'", retry.as_millis().max(1));
+    sea_orm::sqlx::query(&timeout)
+        .execute(&mut listener)
+        .await?;
     listener.listen(table.as_str()).await?;
     Ok(listener)
 }
@@ -133,13 +144,13 @@ impl InsertFeed for PgInsertFeed {
     /// Connected and awake: takes the wake lock and answers at once, since rows committed
     /// before it was taken NOTIFYed nobody. Asleep (the lock held): waits for a
     /// notification, then lets the lock go, so that the producers' commits NOTIFY no more
-    /// while the relay claims. When the lock is taken by someone else, waits for a
-    /// notification for `retry` at most and tries again.
+    /// while the relay claims. While another relay holds the lock, waits for it `retry` at
+    /// a time, answering when a notification came meanwhile.
     async fn wait(&mut self) -> Result<(), StoreError> {
         match self.listener.is_some() {
             true => loop {
                 if self.asleep {
-                    self.notified(None).await?;
+                    self.notified().await?;
                     self.asleep = self.wake_lock(false).await?;
                     return Ok(());
                 }
@@ -155,7 +166,14 @@ impl InsertFeed for PgInsertFeed {
                     self.asleep = true;
                     return Ok(());
                 }
-                if self.notified(Some(self.retry)).await? {
+                // Held by another relay asleep: the inserts meanwhile NOTIFYed it, and this
+                // relay too.
+                if self
+                    .listener
+                    .as_mut()
+                    .and_then(PgListener::next_buffered)
+                    .is_some()
+                {
                     return Ok(());
                 }
             },
@@ -163,7 +181,7 @@ impl InsertFeed for PgInsertFeed {
                 // The first host that takes the LISTEN: a standby refuses it (25006).
                 let mut failure = None;
                 for url in crate::hosts::split(&self.url) {
-                    match listen(&crate::connection_url(&url), &self.table).await {
+                    match listen(&crate::connection_url(&url), &self.table, self.retry).await {
                         Ok(listener) => {
                             debug!(feed = "notify", channel = %self.table, "listening for inserts");
                             self.listener = Some(listener);
