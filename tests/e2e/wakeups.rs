@@ -309,18 +309,23 @@ async fn postgres_with_the_trigger_off_probes_even_with_notify_on() {
         .execute(&format!("ALTER TABLE {t} DISABLE TRIGGER {t}_notify"))
         .await;
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
-    eventually("the feed to start", Duration::from_secs(10), || {
-        std::future::ready(!relay.log_lines("listening for inserts").is_empty())
-    })
-    .await;
-    let started = relay.log_lines("listening for inserts");
-    assert_eq!(started[0]["feed"], "probe", "{}", started[0]);
+    let started = feed_started(&relay).await;
+    assert_eq!(started["feed"], "probe", "{started}");
     let warned = relay.log_lines("the table's insert trigger");
     assert_eq!(warned.len(), 1, "one warning: {warned:?}");
     assert_eq!(warned[0]["level"], "WARN", "{}", warned[0]);
     lone_event_within_a_second(&app, "trigger-off", "trigger-off-1").await;
     relay.stop(Duration::from_secs(10)).await;
     app.teardown().await;
+}
+
+/// The first log line of `relay`'s feed starting (`listening for inserts`), once there.
+async fn feed_started(relay: &RelayProcess) -> serde_json::Value {
+    eventually("the feed to start", Duration::from_secs(10), || {
+        std::future::ready(!relay.log_lines("listening for inserts").is_empty())
+    })
+    .await;
+    relay.log_lines("listening for inserts").remove(0)
 }
 
 /// A table whose trigger `migrate` has not upgraded yet (it NOTIFYs on every insert) and a
@@ -347,12 +352,8 @@ async fn postgres_with_a_trigger_that_notifies_every_insert_says_to_migrate() {
         app.database.execute(&sql).await;
     }
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
-    eventually("the feed to start", Duration::from_secs(10), || {
-        std::future::ready(!relay.log_lines("listening for inserts").is_empty())
-    })
-    .await;
-    let started = relay.log_lines("listening for inserts");
-    assert_eq!(started[0]["feed"], "notify", "{}", started[0]);
+    let started = feed_started(&relay).await;
+    assert_eq!(started["feed"], "notify", "{started}");
     let warned: Vec<_> = relay
         .log_lines("the table's insert trigger")
         .into_iter()

@@ -112,6 +112,18 @@ impl PgInsertFeed {
         }
     }
 
+    /// Drops the notifications the connection has received; whether there were any.
+    fn drop_notifications(&mut self) -> bool {
+        let Some(listener) = self.listener.as_mut() else {
+            return false;
+        };
+        let mut any = false;
+        while listener.next_buffered().is_some() {
+            any = true;
+        }
+        any
+    }
+
     /// The connection failed: it and the lock it held are gone.
     fn lost(&mut self) {
         self.listener = None;
@@ -156,24 +168,14 @@ impl InsertFeed for PgInsertFeed {
                 }
                 // Notifications that came while the relay was awake: the claim this wait
                 // answers sees their rows.
-                while self
-                    .listener
-                    .as_mut()
-                    .and_then(PgListener::next_buffered)
-                    .is_some()
-                {}
+                self.drop_notifications();
                 if self.wake_lock(true).await? {
                     self.asleep = true;
                     return Ok(());
                 }
                 // Held by another relay asleep: the inserts meanwhile NOTIFYed it, and this
                 // relay too.
-                if self
-                    .listener
-                    .as_mut()
-                    .and_then(PgListener::next_buffered)
-                    .is_some()
-                {
+                if self.drop_notifications() {
                     return Ok(());
                 }
             },
