@@ -64,7 +64,9 @@ pub struct DatabaseSettings {
     /// Where nothing announces inserts (SQLite, MySQL/MariaDB, PostgreSQL without
     /// `notify`): notice them with a cheap probe instead of waiting for `poll_interval`.
     pub probe: bool,
-    /// How often the probe looks; zero: the default.
+    /// How often the probe looks; zero: the default. On PostgreSQL with `notify`, also how
+    /// long at a time the LISTEN connection waits for the table's wake lock while another
+    /// relay of the table sleeps.
     pub probe_interval: Field<Span>,
     /// `[database.columns]`: the producer's column names of the one-outbox case, and the
     /// default of every `[[outboxes]]` entry.
