@@ -1,7 +1,11 @@
 //! TLS: `amqps://` through a TLS-terminating proxy in front of the local RabbitMQ (which
-//! speaks plain AMQP only), and PostgreSQL's `sslmode`.
+//! speaks plain AMQP only), and PostgreSQL's `sslmode` and `PGSSLMODE` as libpq takes them
+//! (the local PostgreSQL has `ssl = on`).
 
-use outbox_tests::{room_events, seed, Backend, RelayProcess, TestApp, TestCa, TlsProxy};
+use outbox_tests::{
+    eventually, room_events, seed, unique_name, Backend, FaultProxy, RelayProcess, TestApp, TestCa,
+    TestDatabase, TlsProxy,
+};
 use sea_orm::{ConnectionTrait, Statement};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -153,5 +157,178 @@ async fn postgres_is_plain_by_default_and_tls_with_sslmode_require() {
         .wait_for_each(&seeded, Duration::from_secs(10))
         .await;
     outbox_tests::assert_every_event_delivered(&received, &seeded);
+    app.teardown().await;
+}
+
+/// The local PostgreSQL (`OUTBOX_TEST_DATABASE_URL`).
+fn local_postgres() -> SocketAddr {
+    outbox_tests::server_of(&outbox_tests::services::database_url(Backend::Postgres))
+}
+
+/// `url` with `application_name` set to a fresh name (which the relay's pool and LISTEN
+/// connections keep), and that name.
+fn named(url: &str) -> (String, String) {
+    let name = unique_name("tls");
+    (with_param(url, "application_name", &name), name)
+}
+
+/// Whether each session named `name` is encrypted, once the relay has opened some.
+async fn sessions_tls(database: &TestDatabase, name: &str) -> Vec<bool> {
+    let sql = format!(
+        "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+         WHERE a.application_name = '{name}'"
+    );
+    let read = || async {
+        let rows = database
+            .db()
+            .query_all(Statement::from_string(
+                database.db().get_database_backend(),
+                sql.clone(),
+            ))
+            .await
+            .expect("pg_stat_ssl readable");
+        (rows.iter())
+            .map(|row| row.try_get::<bool>("", "ssl").expect("a boolean"))
+            .collect::<Vec<_>>()
+    };
+    eventually("the relay's sessions", Duration::from_secs(30), || async {
+        !read().await.is_empty()
+    })
+    .await;
+    read().await
+}
+
+/// Relays `seeded` with `PGSSLMODE` and the rest of `env` as given, and returns whether
+/// each of its sessions was encrypted, and its log.
+async fn relay_sessions(
+    app: &TestApp,
+    name: &str,
+    env: &[(&str, &str)],
+    seeded: &[outbox_store::NewEvent],
+) -> (Vec<bool>, RelayProcess) {
+    let relay = RelayProcess::spawn_with_env(crate::RELAY, &app.settings, env);
+    seed(&app.database, seeded).await;
+    app.database
+        .wait_all_published(Duration::from_secs(30))
+        .await;
+    let sessions = sessions_tls(&app.database, name).await;
+    (sessions, relay)
+}
+
+#[actix_rt::test]
+async fn pgsslmode_in_the_environment_is_honoured_and_never_lowered() {
+    let mut app = TestApp::on(Backend::Postgres)
+        .settings(|settings| settings.log.format = "json".into())
+        .build()
+        .await;
+    let (url, name) = named(&app.settings.database.url);
+    app.settings.database.url = url;
+
+    // A loopback URL without a mode would be plain text: PGSSLMODE=require encrypts.
+    let seeded = room_events("pgsslmode", 20, 4);
+    let (sessions, relay) = relay_sessions(&app, &name, &[("PGSSLMODE", "require")], &seeded).await;
+    assert!(
+        sessions.iter().all(|ssl| *ssl),
+        "PGSSLMODE=require: every session of the relay is TLS, got {sessions:?}"
+    );
+    relay.stop(Duration::from_secs(10)).await;
+
+    // Neither the URL nor the environment asks: plain text on loopback, as documented.
+    let seeded = room_events("pgplain", 20, 4);
+    let (sessions, relay) = relay_sessions(&app, &name, &[("PGSSLMODE", "")], &seeded).await;
+    assert!(
+        sessions.iter().all(|ssl| !*ssl),
+        "loopback without a mode is plain text, got {sessions:?}"
+    );
+    assert!(
+        relay
+            .log_lines("the database connection is plain text")
+            .is_empty(),
+        "no warning on loopback"
+    );
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}
+
+#[actix_rt::test]
+async fn pgsslmode_verify_full_with_a_wrong_ca_fails_to_connect() {
+    let app = TestApp::on(Backend::Postgres).build().await;
+    let wrong_ca = TestCa::new("not the server's CA").write_pem();
+    let ca = wrong_ca.display().to_string();
+    let env = [("PGSSLMODE", "verify-full"), ("PGSSLROOTCERT", ca.as_str())];
+    let output =
+        outbox_tests::run_binary_with_env(crate::RELAY, &app.settings, &env, &["check-config"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_ne!(
+        output.status.code(),
+        Some(0),
+        "verify-full with a wrong CA: {stderr}"
+    );
+    assert!(
+        stderr.contains("database.url") && stderr.contains("invalid peer certificate"),
+        "says the certificate is the problem: {stderr}"
+    );
+    // The same without the environment: the default connects.
+    let output = outbox_tests::run_binary_with_env(
+        crate::RELAY,
+        &app.settings,
+        &[("PGSSLMODE", "")],
+        &["check-config"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let _ = std::fs::remove_file(wrong_ca);
+    app.teardown().await;
+}
+
+#[actix_rt::test]
+async fn plain_text_to_a_host_that_is_not_loopback_is_warned_once_each() {
+    let address = outbox_tests::non_loopback_address();
+    let database = FaultProxy::start_on(address, local_postgres()).await;
+    let broker = FaultProxy::start_on(address, local_rabbitmq()).await;
+    let mut app = TestApp::on(Backend::Postgres)
+        .settings(|settings| settings.log.format = "json".into())
+        .build()
+        .await;
+    let through = |url: &str, proxy: &FaultProxy| {
+        let mut url = url::Url::parse(url).expect("a URL");
+        url.set_host(Some(&proxy.addr.ip().to_string()))
+            .expect("a host");
+        url.set_port(Some(proxy.addr.port())).expect("a port");
+        String::from(url)
+    };
+    let (url, name) = named(&through(&app.settings.database.url, &database));
+    app.settings.amqp.url = through(&app.settings.amqp.url, &broker);
+
+    // Another host, no mode anywhere: the drivers' "prefer", TLS where the server offers it.
+    app.settings.database.url = url.clone();
+    let seeded = room_events("prefer", 20, 4);
+    let (sessions, relay) = relay_sessions(&app, &name, &[("PGSSLMODE", "")], &seeded).await;
+    assert!(
+        sessions.iter().all(|ssl| *ssl),
+        "prefer: TLS, got {sessions:?}"
+    );
+    assert!(relay
+        .log_lines("the database connection is plain text")
+        .is_empty());
+    assert_eq!(
+        relay.log_lines("the broker connection is plain text").len(),
+        1,
+        "amqp:// to another host: one warning"
+    );
+    relay.stop(Duration::from_secs(10)).await;
+
+    // sslmode=disable, the operator's explicit choice: kept, and warned of once.
+    app.settings.database.url = with_param(&url, "sslmode", "disable");
+    let seeded = room_events("disabled", 20, 4);
+    let (sessions, relay) = relay_sessions(&app, &name, &[("PGSSLMODE", "")], &seeded).await;
+    assert!(sessions.iter().all(|ssl| !*ssl), "{sessions:?}");
+    let warnings = relay.log_lines("the database connection is plain text");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(
+        warnings[0]["outbox"],
+        app.config.outboxes[0].name.as_str(),
+        "{warnings:?}"
+    );
+    relay.stop(Duration::from_secs(10)).await;
     app.teardown().await;
 }

@@ -25,10 +25,10 @@ pub use events::{event, own_room_events, room_events, seed, TestEvent};
 pub use load::Load;
 pub use proxy::FaultProxy;
 pub use relay::{
-    finish_within, http_get, output_within, run_binary, settings_env, ChildGuard, InProcessRelay,
-    OutputInTime, RelayProcess, SettingsFile, CHILD_DEADLINE,
+    finish_within, http_get, output_within, run_binary, run_binary_with_env, settings_env,
+    ChildGuard, InProcessRelay, OutputInTime, RelayProcess, SettingsFile, CHILD_DEADLINE,
 };
-pub use services::{assert_within, server_of, skip, through, within, MARGIN};
+pub use services::{assert_within, non_loopback_address, server_of, skip, through, within, MARGIN};
 pub use tls_proxy::{TestCa, TlsProxy};
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -34,7 +34,12 @@ struct State {
 impl FaultProxy {
     /// Starts a proxy to `target` (e.g. `127.0.0.1:5672`) on the current runtime.
     pub async fn start(target: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy binds");
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into(), target).await
+    }
+
+    /// [`FaultProxy::start`], listening on `ip` (an address of this machine's own).
+    pub async fn start_on(ip: std::net::IpAddr, target: SocketAddr) -> Self {
+        let listener = TcpListener::bind((ip, 0)).await.expect("proxy binds");
         let addr = listener.local_addr().expect("proxy address");
         let state = Arc::new(State {
             target: Mutex::new(target),

@@ -75,6 +75,22 @@ pub fn run_binary(binary: &str, settings: &Settings, args: &[&str]) -> std::proc
     output_within(&mut command, CHILD_DEADLINE)
 }
 
+/// [`run_binary`] with `env` added to the environment (`PGSSLMODE`, …).
+pub fn run_binary_with_env(
+    binary: &str,
+    settings: &Settings,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> std::process::Output {
+    let mut command = std::process::Command::new(binary);
+    command
+        .args(["--config", "/dev/null"])
+        .args(args)
+        .envs(settings_env(settings))
+        .envs(env.iter().copied());
+    output_within(&mut command, CHILD_DEADLINE)
+}
+
 /// `command.output()`, but killed (and the test failed, showing what it printed) if it
 /// has not exited within `deadline`. Blocking: call it off a runtime thread that serves a
 /// proxy the command needs (`spawn_blocking`).
@@ -216,6 +232,21 @@ impl RelayProcess {
             binary,
             std::path::Path::new("/dev/null"),
             &settings_env(settings),
+            &settings.relay.node_id,
+        )
+    }
+
+    /// [`RelayProcess::spawn`] with `env` added to the environment (`PGSSLMODE`, …).
+    pub fn spawn_with_env(binary: &str, settings: &Settings, env: &[(&str, &str)]) -> Self {
+        let mut all = settings_env(settings);
+        all.extend(
+            env.iter()
+                .map(|(key, value)| (key.to_string(), value.to_string())),
+        );
+        Self::start(
+            binary,
+            std::path::Path::new("/dev/null"),
+            &all,
             &settings.relay.node_id,
         )
     }

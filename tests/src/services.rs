@@ -124,3 +124,22 @@ where
         eprintln!("teardown: removing {label} of a failed test panicked");
     }
 }
+
+/// An address of this machine that is not loopback (the one it would send from), for a
+/// proxy that a relay must take for another host. Fails, saying why, on a machine with
+/// none.
+pub fn non_loopback_address() -> std::net::IpAddr {
+    // Connecting a UDP socket sends nothing: it only picks the outgoing interface.
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket binds");
+    let address = socket
+        .connect("192.0.2.1:9")
+        .and_then(|()| socket.local_addr())
+        .map(|address| address.ip());
+    match address {
+        Ok(address) if !address.is_loopback() && !address.is_unspecified() => address,
+        other => panic!(
+            "this test needs a network interface besides loopback (found {other:?}): run it \
+             on a machine with one"
+        ),
+    }
+}

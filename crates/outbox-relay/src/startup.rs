@@ -121,14 +121,18 @@ pub async fn open_unchecked(
     for outbox in selected {
         let db = match pools.get(outbox.database_url.as_str()) {
             Some(store) => store.connection().clone(),
-            None => outbox_store::connect_with(&outbox.database_url, &config.database.pool())
-                .await
-                .with_context(|| {
-                    format!(
-                        "outbox {}: cannot connect to the database at {}",
-                        outbox.name, outbox.redacted_database_url
-                    )
-                })?,
+            None => {
+                let db = outbox_store::connect_with(&outbox.database_url, &config.database.pool())
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "outbox {}: cannot connect to the database at {}",
+                            outbox.name, outbox.redacted_database_url
+                        )
+                    })?;
+                warn_if_plain_text(outbox, &db).await;
+                db
+            }
         };
         // `database.listen_url` is a session connection to `database.url`'s server (for a
         // pooler in transaction mode): the node lock needs one there too.
@@ -210,8 +214,51 @@ pub async fn migrate_table(store: &SeaOrmStore) -> anyhow::Result<Vec<&'static s
     .into())
 }
 
+/// Warns once when the pool of `outbox`'s database reaches a host that is not loopback in
+/// plain text (docs/security.md#tls). A server that cannot say is passed over: the check
+/// only informs.
+async fn warn_if_plain_text(outbox: &OutboxConfig, db: &sea_orm::DatabaseConnection) {
+    let remote = outbox_store::hosts::split(&outbox.database_url)
+        .iter()
+        .filter_map(|host| url::Url::parse(host).ok())
+        .any(|url| !outbox_store::is_local(&url));
+    if remote
+        && matches!(
+            outbox_store::transport(db).await,
+            Ok(outbox_store::Transport::Plain)
+        )
+    {
+        warn!(
+            outbox = %outbox.name,
+            url = %outbox.redacted_database_url,
+            "the database connection is plain text to a host that is not loopback: anyone on \
+             the network path can read events and credentials; ask for TLS in the URL \
+             (PostgreSQL: sslmode=verify-full, MySQL/MariaDB: ssl-mode=verify_identity) or \
+             PGSSLMODE"
+        );
+    }
+}
+
+/// Warns once for each broker of `amqp.url` that is reached in plain text (`amqp://`) on a
+/// host that is not loopback.
+fn warn_of_plain_brokers(config: &Config) {
+    for broker in &config.amqp.brokers {
+        let Ok(url) = url::Url::parse(&broker.url) else {
+            continue;
+        };
+        if url.scheme() == "amqp" && !outbox_store::is_local(&url) {
+            warn!(
+                url = %broker.redacted,
+                "the broker connection is plain text (amqp://) to a host that is not loopback: \
+                 anyone on the network path can read events and credentials; use amqps://"
+            );
+        }
+    }
+}
+
 /// Connects to RabbitMQ and declares every outbox's exchanges.
 pub async fn open_broker(config: &Config) -> anyhow::Result<Broker> {
+    warn_of_plain_brokers(config);
     Ok(Broker::connect(config.amqp.clone()).await?)
 }
 

@@ -10,10 +10,11 @@
 //!   payload, headers, creation time and insert order).
 //! - [`sql`]: the table name, its index names and the `status` literals.
 //! - [`admin`]: operator queries (dead events, requeue).
-//! - [`connection_url`](mod@connection_url): the URL sqlx is given (plain text unless the URL asks for TLS).
+//! - [`connection_url`](mod@connection_url): the URL sqlx is given (TLS as libpq decides it; plain text to loopback unless asked for).
 //! - [`error`]: [`Error`], what the public functions return.
 //! - [`failover`]: never working on a server that takes no writes (a standby after a
 //!   failover): new connections checked, older ones dropped after a read-only answer.
+//! - [`transport`]: whether a connection is encrypted, as the server sees it.
 //! - [`hosts`]: several hosts in one URL (libpq's form): the first writable one.
 //! - `pool.rs`: the connection pool (sea-orm's settings; connections shrink the buffers a
 //!   large row grew when they return to the pool).
@@ -57,13 +58,14 @@ mod shape;
 pub mod sql;
 mod stats;
 pub mod store;
+pub mod transport;
 pub mod wake;
 
 pub use admin::{DeadEvent, DeadFilter};
 pub use columns::{
     ColumnName, ColumnNameError, ColumnSetting, Columns, MappingError, MappingProblem,
 };
-pub use connection_url::connection_url;
+pub use connection_url::{connection_url, is_local, PG_SSL_MODES};
 pub use error::Error;
 pub use migration::{migrate, migrate_columns, plan, PlannedStep};
 pub use node_lock::NodeLock;
@@ -72,4 +74,5 @@ pub use producer::{enqueue, insert_events, NewEvent};
 pub use row::OutboxRow;
 pub use sql::{TableName, TableNameError};
 pub use store::{connect, connect_with, PoolSettings, SeaOrmStore};
+pub use transport::{transport, Transport};
 pub use wake::{InsertTrigger, WakeUps};

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Opens a pool of at most `max_connections` to `url` (`postgres://`, `mysql://`, `sqlite://`);
-/// plain text unless the URL asks for TLS (see [`crate::connection_url()`]). Connections
+/// TLS as libpq decides it (see [`crate::connection_url()`]). Connections
 /// live at most [`PoolSettings::DEFAULT_MAX_LIFETIME`] and idle at most
 /// [`PoolSettings::DEFAULT_IDLE_TIMEOUT`]; [`connect_with`] sets both.
 pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, Error> {

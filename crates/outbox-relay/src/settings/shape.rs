@@ -41,8 +41,8 @@ pub struct Settings {
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseSettings {
-    /// `sqlite://…`, `postgres://…` or `mysql://…`; TLS by `sslmode=` / `ssl-mode=`, plain
-    /// text when absent.
+    /// `sqlite://…`, `postgres://…` or `mysql://…`; TLS by `sslmode=` / `ssl-mode=`, else
+    /// `PGSSLMODE`, else "prefer" (plain text to a loopback host).
     pub url: String,
     /// The password, when it is not in `url`: meant for `OUTBOX_RELAY__DATABASE__PASSWORD`
     /// rather than the file. Empty: none.

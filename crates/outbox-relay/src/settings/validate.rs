@@ -37,6 +37,13 @@ impl Settings {
         let amqp = self
             .amqp
             .validate(&mut report.section("amqp"), relay.as_ref());
+        let database = match self.pg_ssl_mode_error(std::env::var("PGSSLMODE").ok()) {
+            Some(error) => {
+                report.errors.push(error);
+                None
+            }
+            None => database,
+        };
         let log = self.log.validate(&mut report.section("log"));
         let metrics_listen = self.metrics.validate(&mut report.section("metrics"));
         let otlp_traces_url = self.telemetry.validate(&mut report.section("telemetry"));
@@ -117,6 +124,31 @@ impl Settings {
             otlp_traces_url,
             startup_timeout,
             warnings: report.warnings,
+        })
+    }
+}
+
+impl Settings {
+    /// `PGSSLMODE`, which the relay's PostgreSQL connections honour as libpq does, with a
+    /// value libpq would refuse (sqlx would take it as "prefer"): an error naming it.
+    pub(super) fn pg_ssl_mode_error(&self, mode: Option<String>) -> Option<ConfigError> {
+        let mode = mode.filter(|mode| !mode.is_empty())?;
+        let postgres = std::iter::once(self.database.url.as_str())
+            .chain(
+                self.outboxes
+                    .iter()
+                    .map(|outbox| outbox.database_url.as_str()),
+            )
+            .any(|url| url.starts_with("postgres"));
+        (postgres && !outbox_store::PG_SSL_MODES.contains(&mode.as_str())).then(|| {
+            ConfigError::Invalid {
+                key: "PGSSLMODE (environment)".into(),
+                value: mode,
+                accepted: format!(
+                    "one of {}, as libpq takes it",
+                    outbox_store::PG_SSL_MODES.join(", ")
+                ),
+            }
         })
     }
 }

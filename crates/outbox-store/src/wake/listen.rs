@@ -38,8 +38,8 @@ impl std::fmt::Debug for PgInsertFeed {
 }
 
 impl PgInsertFeed {
-    /// A feed of `table`'s inserts on the PostgreSQL server at `url` (plain text unless
-    /// the URL asks for TLS, like the pool); connects on the first [`InsertFeed::wait`].
+    /// A feed of `table`'s inserts on the PostgreSQL server at `url` (TLS as for the
+    /// pool: [`crate::connection_url()`]); connects on the first [`InsertFeed::wait`].
     /// It waits for the wake lock `retry` at a time (a producer between its insert and its
     /// commit holds it a moment; another relay asleep, until woken).
     pub fn new(url: &str, table: TableName, retry: Duration) -> Self {

@@ -663,3 +663,29 @@ fn a_listen_url_takes_the_database_password_and_never_shows_it() {
         "x postgres://relay:***@db-direct y"
     );
 }
+
+#[test]
+fn a_pgsslmode_libpq_would_refuse_is_an_error_naming_it() {
+    let error = load(
+        "[database]\nurl = \"postgres://relay@db/rooms\"",
+        &[("PGSSLMODE", "verify_full")],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("PGSSLMODE (environment) = \"verify_full\" is invalid: one of disable"),
+        "{error}"
+    );
+    for mode in ["verify-full", "require", "disable", ""] {
+        load(
+            "[database]\nurl = \"postgres://relay@db/rooms\"",
+            &[("PGSSLMODE", mode)],
+        )
+        .unwrap_or_else(|error| panic!("PGSSLMODE={mode}: {error}"));
+    }
+    // Only PostgreSQL reads it.
+    load(
+        "[database]\nurl = \"mysql://relay@db/rooms\"",
+        &[("PGSSLMODE", "verify_full")],
+    )
+    .unwrap();
+}
