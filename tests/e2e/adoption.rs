@@ -103,7 +103,8 @@ impl Producer {
     async fn start(backend: DbBackend, url: &str, table: &TableName, period: Duration) -> Self {
         let db = outbox_store::connect(url, 1)
             .await
-            .expect("the producer connects");
+            .expect("the producer connects")
+            .into_connection();
         let (stop, done) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(0)));
         let t = table.as_str().to_owned();
         let task = actix_rt::spawn({
@@ -253,7 +254,10 @@ async fn wait_out_a_long_transaction(fixture: &Fixture, rows: u64, waiting: &str
 
     let producer = Producer::start(backend, &url, &t, Duration::from_millis(20)).await;
     producer.wait_for_more(5).await;
-    let holder = outbox_store::connect(&url, 1).await.expect("connects");
+    let holder = outbox_store::connect(&url, 1)
+        .await
+        .expect("connects")
+        .into_connection();
     let long = holder.begin().await.expect("begins");
     long.execute(Statement::from_string(
         backend,

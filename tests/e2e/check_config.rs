@@ -45,7 +45,10 @@ struct MariaDbUser {
 impl MariaDbUser {
     async fn create(admin_url: &str, password: &str) -> Self {
         let name = unique_name("relay");
-        let db = outbox_store::connect(admin_url, 1).await.expect("MariaDB");
+        let db = outbox_store::connect(admin_url, 1)
+            .await
+            .expect("MariaDB")
+            .into_connection();
         let sql = format!("CREATE USER '{name}'@'%' IDENTIFIED BY '{password}'");
         sea_orm::ConnectionTrait::execute_unprepared(&db, &sql)
             .await
@@ -68,7 +71,10 @@ impl Drop for MariaDbUser {
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Runtime::new().expect("a runtime");
             runtime.block_on(async {
-                if let Ok(db) = outbox_store::connect(&url, 1).await {
+                if let Ok(db) = outbox_store::connect(&url, 1)
+                    .await
+                    .map(outbox_store::Pool::into_connection)
+                {
                     let _ = sea_orm::ConnectionTrait::execute_unprepared(&db, &sql).await;
                     let _ = db.close().await;
                 }

@@ -31,7 +31,8 @@ fn relay_settings(url: &str, table: &TableName, broker: &TestBroker) -> Settings
 async fn outbox_at(url: &str) -> (DatabaseConnection, TableName) {
     let db = outbox_store::connect(url, 2)
         .await
-        .unwrap_or_else(|error| panic!("{url}: {error}"));
+        .unwrap_or_else(|error| panic!("{url}: {error}"))
+        .into_connection();
     let table = TableName::parse(&unique_name("failover")).expect("a table name");
     outbox_store::migrate(&db, &table)
         .await
@@ -247,7 +248,8 @@ async fn postgres_promotion_under_load_loses_nothing() {
     let before = broker.received().len();
     let standby = outbox_store::connect(&PgPair::url(pair.standby), 2)
         .await
-        .expect("the promoted standby");
+        .expect("the promoted standby")
+        .into_connection();
     let after_failover = room_events("fo-b2", 200, 20);
     produce(&standby, &table, &after_failover).await;
     let resumed = first_delivery_after(&broker, before, promoted).await;
@@ -359,7 +361,8 @@ async fn postgres_a_host_list_starts_on_the_writable_host_and_follows_a_promotio
     let before = broker.received().len();
     let standby = outbox_store::connect(&PgPair::url(pair.standby), 2)
         .await
-        .expect("the promoted standby");
+        .expect("the promoted standby")
+        .into_connection();
     let second = room_events("fo-c2", 100, 5);
     produce(&standby, &table, &second).await;
     let resumed = first_delivery_after(&broker, before, promoted).await;

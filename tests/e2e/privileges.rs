@@ -102,7 +102,10 @@ impl Drop for RelayRole {
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Runtime::new().expect("a runtime");
             runtime.block_on(async {
-                if let Ok(db) = outbox_store::connect(&url, 1).await {
+                if let Ok(db) = outbox_store::connect(&url, 1)
+                    .await
+                    .map(outbox_store::Pool::into_connection)
+                {
                     for sql in statements {
                         let _ = sea_orm::ConnectionTrait::execute_unprepared(&db, &sql).await;
                     }
@@ -116,7 +119,10 @@ impl Drop for RelayRole {
 
 /// Runs `statements` as the administrator of `url`.
 async fn run(url: &str, statements: &[String]) {
-    let db = outbox_store::connect(url, 1).await.expect("database");
+    let db = outbox_store::connect(url, 1)
+        .await
+        .expect("database")
+        .into_connection();
     for sql in statements {
         sea_orm::ConnectionTrait::execute_unprepared(&db, sql)
             .await

@@ -354,7 +354,8 @@ async fn sqlite_waits_for_its_directory_to_appear() {
     .await;
     let db = outbox_store::connect(&url, 1)
         .await
-        .expect("database opens");
+        .expect("database opens")
+        .into_connection();
     let table = outbox_store::TableName::parse("room_outbox").expect("a name");
     let events = room_events("volume", 50, 5);
     outbox_store::insert_events(&db, &table, &events)

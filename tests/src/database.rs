@@ -57,7 +57,7 @@ impl TestDatabase {
                 panic!("{backend:?} is not reachable at {url}: {error}; {how_to_start}")
             });
         let table = TableName::parse(&unique_name("e2e")).expect("a valid table name");
-        outbox_store::migrate(&db, &table)
+        outbox_store::migrate(db.connection(), &table)
             .await
             .expect("migration runs");
         let store = SeaOrmStore::new(db, table.clone());
@@ -237,7 +237,8 @@ pub(crate) fn drop_table_off_runtime(url: String, table: TableName, backend: DbB
     crate::services::cleanup_off_runtime(format!("table {table}"), move || async move {
         let db = outbox_store::connect(&url, 1)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| error.to_string())?
+            .into_connection();
         for sql in drop_statements(&table, backend) {
             let _ = db.execute(Statement::from_string(backend, sql)).await;
         }

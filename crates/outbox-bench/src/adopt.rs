@@ -61,7 +61,9 @@ const SLOW: Duration = Duration::from_millis(200);
 /// Runs the scenario and prints its figures (a table and one JSON line).
 pub async fn run(args: AdoptArgs) -> anyhow::Result<()> {
     let producers = args.producers.max(1);
-    let db = outbox_store::connect(&args.database_url, 8).await?;
+    let db = outbox_store::connect(&args.database_url, 8)
+        .await?
+        .into_connection();
     let backend = db.get_database_backend();
     let table = TableName::parse(&format!("bench_adopt_{}", std::process::id()))?;
     let t = table.as_str().to_owned();
@@ -115,7 +117,9 @@ async fn measure(
     let mut tasks = Vec::new();
     let mut sessions = Vec::new();
     for i in 0..producers {
-        let connection = outbox_store::connect(&args.database_url, 1).await?;
+        let connection = outbox_store::connect(&args.database_url, 1)
+            .await?
+            .into_connection();
         let session = waits::session_id(&connection).await?;
         sessions.push(session);
         // Staggered: the producers' inserts spread evenly over each period.

@@ -178,7 +178,11 @@ impl Bench {
         // memory stays out of what the relay is measured with).
         let mut producers = Vec::with_capacity(outboxes);
         for outbox in &self.outboxes {
-            producers.push(outbox_store::connect(&outbox.config.database_url, 1).await?);
+            producers.push(
+                outbox_store::connect(&outbox.config.database_url, 1)
+                    .await?
+                    .into_connection(),
+            );
         }
         for start in (0..events).step_by(chunk) {
             let mut chunks: Vec<Vec<NewEvent>> = vec![Vec::new(); outboxes];

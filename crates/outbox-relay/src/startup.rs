@@ -120,7 +120,7 @@ pub async fn open_unchecked(
     let mut opened = Vec::with_capacity(selected.len());
     for outbox in selected {
         let db = match pools.get(outbox.database_url.as_str()) {
-            Some(store) => store.connection().clone(),
+            Some(store) => store.pool(),
             None => {
                 let db = outbox_store::connect_with(&outbox.database_url, &config.database.pool())
                     .await
@@ -130,7 +130,7 @@ pub async fn open_unchecked(
                             outbox.name, outbox.redacted_database_url
                         )
                     })?;
-                warn_if_plain_text(outbox, &db).await;
+                warn_if_plain_text(outbox, db.connection()).await;
                 db
             }
         };

@@ -16,20 +16,18 @@
 //!   closed at its next acquire instead of being used, logged once (`warn`) and counted
 //!   ([`FAILOVERS`]).
 //!
-//! The pool's hooks and the stores on it share one [`Failover`], found again from the
-//! pool itself (the stores get the pool as sea-orm's `DatabaseConnection`, which holds
-//! nothing of ours). A URL naming several hosts (libpq's form, [`crate::hosts`]) gives a
+//! The pool's hooks and the stores on it share one [`Failover`], handed to the stores with
+//! the pool ([`crate::Pool`]). A URL naming several hosts (libpq's form, [`crate::hosts`]) gives a
 //! pool that starts on the first writable host and moves to another when its host fails
 //! or answers read-only.
 
 use sea_orm::sqlx::{self, mysql::MySqlConnectOptions, postgres::PgConnectOptions};
-use sea_orm::{DatabaseConnection, DbErr, RuntimeErr};
+use sea_orm::{DbErr, RuntimeErr};
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
@@ -90,22 +88,13 @@ impl Host {
     }
 }
 
-/// The pools' failover states by pool (the address of its options, which live as long as
-/// the pool), for the stores that get the pool.
-static POOLS: LazyLock<Mutex<HashMap<usize, Weak<Failover>>>> = LazyLock::new(Default::default);
-
-/// The key of `pool` in [`POOLS`].
-fn pool_key<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> usize {
-    std::ptr::from_ref(pool.options()) as usize
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Failover {
     /// The state of a pool on `hosts` (single-host URLs), starting on `hosts[current]`,
-    /// which is `server`; [`Failover::register`] it once the pool is open.
+    /// which is `server`.
     pub(crate) fn new(
         server: Host,
         hosts: Vec<String>,
@@ -124,27 +113,6 @@ impl Failover {
             read_only: AtomicBool::new(false),
             refused: Mutex::new(None),
         })
-    }
-
-    /// Makes this the state [`Failover::of`] finds for `pool`.
-    pub(crate) fn register<DB: sqlx::Database>(self: &Arc<Self>, pool: &sqlx::Pool<DB>) {
-        let mut pools = lock(&POOLS);
-        pools.retain(|_, state| state.strong_count() > 0);
-        pools.insert(pool_key(pool), Arc::downgrade(self));
-    }
-
-    /// The state of `db`'s pool; `None` for SQLite, or a pool not opened by this crate.
-    pub(crate) fn of(db: &DatabaseConnection) -> Option<Arc<Self>> {
-        let key = match db {
-            DatabaseConnection::SqlxPostgresPoolConnection(_) => {
-                pool_key(db.get_postgres_connection_pool())
-            }
-            DatabaseConnection::SqlxMySqlPoolConnection(_) => {
-                pool_key(db.get_mysql_connection_pool())
-            }
-            _ => return None,
-        };
-        lock(&POOLS).get(&key).and_then(Weak::upgrade)
     }
 
     /// The current host as log lines name it (a URL without its password).
@@ -232,10 +200,11 @@ pub fn read_only_answer(error: &DbErr) -> Option<String> {
         return None;
     };
     let message = error.message();
+    if error.try_downcast_ref::<ReadOnlyServer>().is_some() {
+        return Some(message.to_owned());
+    }
     let code = error.code().unwrap_or_default();
-    let read_only = if error.try_downcast_ref::<ReadOnlyServer>().is_some() {
-        true
-    } else if error
+    let read_only = if error
         .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
         .is_some()
     {
@@ -252,21 +221,23 @@ pub fn read_only_answer(error: &DbErr) -> Option<String> {
     read_only.then(|| format!("{message} ({code})"))
 }
 
-/// A new connection's server takes no writes (a standby, a replica): the connection was
-/// refused. Carried as a database error so that it reads like the server's own answers.
+/// A new connection's server takes no writes (a standby, a replica): the relay's own check
+/// refused the connection. It travels through sqlx's pool hook as a
+/// `sqlx::Error::Database`, the one variant that carries an error of ours as its own type
+/// (found again by downcasting), but it has no SQLSTATE or error number: no server sent it.
 #[derive(Debug, Clone)]
 pub struct ReadOnlyServer {
     message: String,
-    /// The code the server itself would give a write: 25006 (PostgreSQL), 1290 (MySQL).
-    code: &'static str,
 }
 
 impl ReadOnlyServer {
-    /// A refusal saying `message`, with the `code` the server would give a write.
-    pub fn new(message: impl Into<String>, code: &'static str) -> Self {
+    /// A refusal saying `message` (what the server's state is).
+    pub fn new(message: impl Into<String>) -> Self {
         Self {
-            message: message.into(),
-            code,
+            message: format!(
+                "connection refused by the relay's check: {}",
+                message.into()
+            ),
         }
     }
 }
@@ -285,7 +256,7 @@ impl sqlx::error::DatabaseError for ReadOnlyServer {
     }
 
     fn code(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(self.code))
+        None
     }
 
     fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
@@ -380,10 +351,9 @@ impl Server for Postgres {
                 (false, true) => "the server's transactions are read-only",
                 (false, false) => return Ok(None),
             };
-            Ok(Some(ReadOnlyServer {
-                message: format!("{why}: it takes no writes"),
-                code: "25006",
-            }))
+            Ok(Some(ReadOnlyServer::new(format!(
+                "{why}: it takes no writes"
+            ))))
         })
     }
 }
@@ -423,10 +393,9 @@ impl Server for MySql {
                 (false, true) => format!("innodb_read_only = {innodb}"),
                 (false, false) => return Ok(None),
             };
-            Ok(Some(ReadOnlyServer {
-                message: format!("the server is read-only ({variable}): it takes no writes"),
-                code: "1290",
-            }))
+            Ok(Some(ReadOnlyServer::new(format!(
+                "the server is read-only ({variable}): it takes no writes"
+            ))))
         })
     }
 }
@@ -466,17 +435,19 @@ mod tests {
 
     #[test]
     fn a_refused_connection_reads_as_a_read_only_answer() {
-        let refused = ReadOnlyServer {
-            message: "the server is in recovery (a standby): it takes no writes".into(),
-            code: "25006",
-        };
+        let refused =
+            ReadOnlyServer::new("the server is in recovery (a standby): it takes no writes");
         let error = DbErr::Conn(RuntimeErr::SqlxError(sqlx::Error::Database(Box::new(
             refused,
         ))));
         let answer = read_only_answer(&error).expect("read-only");
         assert!(
-            answer.contains("recovery") && answer.contains("25006"),
+            answer.contains("recovery") && answer.contains("the relay's check"),
             "{answer}"
+        );
+        assert!(
+            !answer.contains("25006"),
+            "no code no server sent: {answer}"
         );
         let other = DbErr::Conn(RuntimeErr::SqlxError(sqlx::Error::PoolTimedOut));
         assert_eq!(read_only_answer(&other), None);

@@ -73,6 +73,6 @@ pub use privileges::{missing_privileges, MissingPrivilege};
 pub use producer::{enqueue, insert_events, NewEvent};
 pub use row::OutboxRow;
 pub use sql::{TableName, TableNameError};
-pub use store::{connect, connect_with, PoolSettings, SeaOrmStore};
+pub use store::{connect, connect_with, Pool, PoolSettings, SeaOrmStore};
 pub use transport::{transport, Transport};
 pub use wake::{InsertTrigger, WakeUps};

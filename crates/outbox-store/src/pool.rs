@@ -14,23 +14,25 @@
 //! acquire instead of being used.
 
 use crate::failover::{Failover, Host, Server};
+use crate::store::Pool;
 use sea_orm::sqlx::{self, ConnectOptions as _, Connection as _};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr, RuntimeErr};
+use std::sync::Arc;
 
 /// A pool opened with `options` on `hosts` (the URLs sqlx is given, one per host: see
-/// [`crate::hosts`]; `options`' URL is the first).
-pub(crate) async fn open(
-    options: ConnectOptions,
-    hosts: Vec<String>,
-) -> Result<DatabaseConnection, DbErr> {
+/// [`crate::hosts`]; `options`' URL is the first), with its failover state.
+pub(crate) async fn open(options: ConnectOptions, hosts: Vec<String>) -> Result<Pool, DbErr> {
     let url = options.get_url();
-    if url.starts_with("postgres") {
-        Ok(shrinking::<sqlx::Postgres>(options, hosts).await?.into())
+    let (connection, failover): (DatabaseConnection, _) = if url.starts_with("postgres") {
+        let (pool, failover) = shrinking::<sqlx::Postgres>(options, hosts).await?;
+        (pool.into(), failover)
     } else if url.starts_with("mysql") {
-        Ok(shrinking::<sqlx::MySql>(options, hosts).await?.into())
+        let (pool, failover) = shrinking::<sqlx::MySql>(options, hosts).await?;
+        (pool.into(), failover)
     } else {
-        Database::connect(options).await
-    }
+        return Ok(Database::connect(options).await?.into());
+    };
+    Ok(Pool::with_failover(connection, failover))
 }
 
 /// A pool with sea-orm's settings from `options` whose connections shrink their buffers
@@ -39,7 +41,7 @@ pub(crate) async fn open(
 async fn shrinking<DB: Server>(
     options: ConnectOptions,
     hosts: Vec<String>,
-) -> Result<sqlx::Pool<DB>, DbErr> {
+) -> Result<(sqlx::Pool<DB>, Arc<Failover>), DbErr> {
     let log_statements = options.get_sqlx_logging();
     let (current, connect) = match hosts.len() {
         // Several hosts: start on the first that takes writes.
@@ -94,10 +96,7 @@ async fn shrinking<DB: Server>(
             Some(refusal) => Err(refused(sqlx::Error::Database(Box::new(refusal)))),
             None => Err(refused(sqlx::Error::PoolTimedOut)),
         },
-        Ok(pool) => {
-            failover.register(&pool);
-            Ok(pool)
-        }
+        Ok(pool) => Ok((pool, failover)),
         Err(error) => Err(refused(error)),
     }
 }

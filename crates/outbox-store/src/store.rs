@@ -22,11 +22,52 @@ use sea_orm::{
 use std::sync::Arc;
 use std::time::Duration;
 
+/// An open connection pool and, for a PostgreSQL or MySQL/MariaDB pool that [`connect`]
+/// opened, its failover state (`failover.rs`), which the pool's hooks and every store on
+/// it share. A pool opened elsewhere ([`From<DatabaseConnection>`]) has none: its stores
+/// do not follow a failover.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    connection: DatabaseConnection,
+    failover: Option<Arc<Failover>>,
+}
+
+impl Pool {
+    /// The sea-orm connection.
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.connection
+    }
+
+    /// The sea-orm connection, the failover state let go.
+    pub fn into_connection(self) -> DatabaseConnection {
+        self.connection
+    }
+}
+
+impl Pool {
+    /// `connection` with the failover state its hooks were given.
+    pub(crate) fn with_failover(connection: DatabaseConnection, failover: Arc<Failover>) -> Self {
+        Self {
+            connection,
+            failover: Some(failover),
+        }
+    }
+}
+
+impl From<DatabaseConnection> for Pool {
+    fn from(connection: DatabaseConnection) -> Self {
+        Self {
+            connection,
+            failover: None,
+        }
+    }
+}
+
 /// Opens a pool of at most `max_connections` to `url` (`postgres://`, `mysql://`, `sqlite://`);
 /// TLS as libpq decides it (see [`crate::connection_url()`]). Connections
 /// live at most [`PoolSettings::DEFAULT_MAX_LIFETIME`] and idle at most
 /// [`PoolSettings::DEFAULT_IDLE_TIMEOUT`]; [`connect_with`] sets both.
-pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, Error> {
+pub async fn connect(url: &str, max_connections: u32) -> Result<Pool, Error> {
     connect_with(url, &PoolSettings::new(max_connections)).await
 }
 
@@ -60,7 +101,7 @@ impl PoolSettings {
 }
 
 /// [`connect`] with the pool's size and connection lifetimes from `pool`.
-pub async fn connect_with(url: &str, pool: &PoolSettings) -> Result<DatabaseConnection, Error> {
+pub async fn connect_with(url: &str, pool: &PoolSettings) -> Result<Pool, Error> {
     let max_connections = pool.max_connections;
     // sea-orm's own message for an unparsable URL quotes it, password and all.
     let hosts: Vec<String> = crate::hosts::split(url)
@@ -88,16 +129,16 @@ pub async fn connect_with(url: &str, pool: &PoolSettings) -> Result<DatabaseConn
     if let Some(idle) = pool.idle_timeout {
         options.idle_timeout(idle);
     }
-    let db = crate::pool::open(options, hosts)
+    let pool = crate::pool::open(options, hosts)
         .await
         .map_err(|cause| Error::Connect {
             reason: crate::error::describe(&cause),
             cause,
         })?;
-    if let Some(setup) = Dialect::of(&db).database_setup() {
-        db.execute_unprepared(setup).await?;
+    if let Some(setup) = Dialect::of(&pool.connection).database_setup() {
+        pool.connection.execute_unprepared(setup).await?;
     }
-    Ok(db)
+    Ok(pool)
 }
 
 /// The outbox table of one database.
@@ -122,9 +163,13 @@ pub struct SeaOrmStore {
 
 impl SeaOrmStore {
     /// A store for `table` on an open connection pool, with the relay's own column names.
-    pub fn new(db: DatabaseConnection, table: TableName) -> Self {
+    /// It follows a failover when `db` is a [`Pool`] that [`connect`] opened.
+    pub fn new(db: impl Into<Pool>, table: TableName) -> Self {
+        let Pool {
+            connection: db,
+            failover,
+        } = db.into();
         let columns = Columns::default();
-        let failover = Failover::of(&db);
         let reads = Reads::plain(Dialect::of(&db), &columns);
         Self {
             db,
@@ -263,6 +308,14 @@ impl SeaOrmStore {
     /// The connection pool (for producers in tests and the demo).
     pub fn connection(&self) -> &DatabaseConnection {
         &self.db
+    }
+
+    /// The pool with its failover state: for another store on the same pool.
+    pub fn pool(&self) -> Pool {
+        Pool {
+            connection: self.db.clone(),
+            failover: self.failover.clone(),
+        }
     }
 
     /// The table this store works on.

@@ -81,7 +81,7 @@ impl Sampler {
                     .enable_all()
                     .build()?;
                 runtime.block_on(async move {
-                    let db = outbox_store::connect(&url, 1).await?;
+                    let db = outbox_store::connect(&url, 1).await?.into_connection();
                     let backend = db.get_database_backend();
                     let mut samples = Vec::new();
                     let mut next = tokio::time::Instant::now();
