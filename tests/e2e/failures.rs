@@ -354,3 +354,76 @@ async fn returns_are_matched_to_their_own_events_whichever_confirm_brings_them()
     );
     app.teardown().await;
 }
+
+/// `name` as a pattern of RabbitMQ's permissions (a regular expression) matching it alone.
+fn only(name: &str) -> String {
+    format!("^{}$", name.replace('.', "\\."))
+}
+
+#[actix_rt::test]
+async fn an_exchange_the_brokers_permissions_refuse_fails_its_events_and_the_rest_flow() {
+    // The exchange comes from each row (`{event_type}`); this user may write to the test's
+    // exchange only. Another exchange, with a queue of its own, exists but is refused.
+    let refused = outbox_tests::TestBroker::new("#").await;
+    let mut app = TestApp::on(Backend::Postgres)
+        .binding("#")
+        .settings(|settings| {
+            settings.amqp.exchange = "{event_type}".into();
+            settings.amqp.routing_key = "room.event".into();
+            settings.relay.max_attempts = 2;
+            settings.relay.retry_interval = "50ms".into();
+        })
+        .build()
+        .await;
+    let user = outbox_tests::BrokerUser::with_permissions(
+        "s3cret",
+        ".*",
+        &only(&app.broker.exchange),
+        ".*",
+    );
+    app.settings.amqp.url = user.url_with_password(&app.broker);
+    let mut events = Vec::new();
+    for n in 0..20 {
+        events.push(event(&format!("ok{n:02}"), "ok").of_type(&app.broker.exchange));
+        if n % 7 == 3 {
+            events.push(event(&format!("bad{n:02}"), "bad").of_type(&refused.exchange));
+        }
+    }
+    outbox_tests::seed(&app.database, &events).await;
+
+    let mut relay = outbox_tests::RelayProcess::spawn(crate::RELAY, &app.settings);
+    app.database.wait_dead(3, DEADLINE).await;
+    let received = app.broker.wait_for(20, DEADLINE).await;
+    let expected: Vec<String> = (0..20).map(|n| format!("ok{n:02}")).collect();
+    assert_eq!(
+        ids(&received),
+        expected,
+        "the permitted room flows, in order"
+    );
+    for row in app.database.rows().await {
+        match row.event_id.starts_with("bad") {
+            true => {
+                let error = row.last_error.unwrap_or_default();
+                assert_eq!(row.status, "dead", "{}", row.event_id);
+                assert!(
+                    error.starts_with("exchange") && error.contains("ACCESS_REFUSED"),
+                    "{}: {error}",
+                    row.event_id
+                );
+            }
+            false => assert_eq!(row.status, "published", "{}", row.event_id),
+        }
+    }
+    assert!(
+        relay.exited().is_none(),
+        "the relay runs on: {}",
+        relay.log_text()
+    );
+    assert!(
+        refused.drain(DEADLINE).await.is_empty(),
+        "nothing reached the refused exchange"
+    );
+    relay.stop(DEADLINE).await;
+    refused.close().await;
+    app.teardown().await;
+}

@@ -300,3 +300,65 @@ impl Drop for TestBroker {
         });
     }
 }
+
+/// A RabbitMQ user of its own on `/`, deleted on drop: for what the broker's permissions
+/// allow a relay (`rabbitmqctl`, which the machine's broker answers).
+pub struct BrokerUser {
+    /// Its name.
+    pub name: String,
+    password: String,
+}
+
+impl BrokerUser {
+    /// A user with `password` that may configure, write and read what the three patterns
+    /// match (`set_permissions`: `".*"` is everything).
+    pub fn with_permissions(password: &str, configure: &str, write: &str, read: &str) -> Self {
+        let name = unique_name("e2e_user");
+        rabbitmqctl(&["add_user", &name, password]);
+        rabbitmqctl(&["set_permissions", "-p", "/", &name, configure, write, read]);
+        Self {
+            name,
+            password: password.to_owned(),
+        }
+    }
+
+    /// A user with `password` allowed everything on `/`.
+    pub fn new(password: &str) -> Self {
+        Self::with_permissions(password, ".*", ".*", ".*")
+    }
+
+    /// `broker`'s URL with this user and no password.
+    pub fn url(&self, broker: &TestBroker) -> String {
+        let mut url = url::Url::parse(&broker.url).expect("a URL");
+        url.set_password(None).expect("a host");
+        url.set_username(&self.name).expect("a host");
+        url.into()
+    }
+
+    /// `broker`'s URL with this user and its password.
+    pub fn url_with_password(&self, broker: &TestBroker) -> String {
+        let mut url = url::Url::parse(&self.url(broker)).expect("a URL");
+        url.set_password(Some(&self.password)).expect("a host");
+        url.into()
+    }
+}
+
+impl Drop for BrokerUser {
+    fn drop(&mut self) {
+        rabbitmqctl(&["delete_user", &self.name]);
+    }
+}
+
+/// Runs `rabbitmqctl` with `args`; fails the test, with its output, when it fails.
+pub fn rabbitmqctl(args: &[&str]) {
+    use crate::OutputInTime as _;
+    let output = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output_in_time()
+        .expect("rabbitmqctl runs (RabbitMQ's tools on the PATH)");
+    assert!(
+        output.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        crate::output::stderr(&output)
+    );
+}

@@ -19,7 +19,7 @@ pub mod services;
 pub mod tls_proxy;
 
 pub use app::{settings_on, test_config, test_settings, AppBuilder, TestApp};
-pub use broker::{Received, TestBroker};
+pub use broker::{rabbitmqctl, BrokerUser, Received, TestBroker};
 pub use database::{Backend, TestDatabase};
 pub use events::{event, own_room_events, room_events, seed, TestEvent};
 pub use load::Load;

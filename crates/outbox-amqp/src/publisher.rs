@@ -101,6 +101,22 @@ fn channel_error(error: lapin::Error) -> PublishError {
     PublishError::Channel(error.to_string())
 }
 
+/// The broker closed the channel over `exchange` itself, naming it: it is missing
+/// (NOT_FOUND: deleted since it was checked) or this user may not write to it
+/// (ACCESS_REFUSED: the broker's permissions). The event's own failure, counted as an
+/// attempt (`no_exchange`), since retrying it as an outage would keep it pending for ever
+/// while its channel is closed again at every try. `None` for any other channel error:
+/// the other publishes on a channel lose it through no fault of theirs.
+fn refused_exchange(text: &str, exchange: &str) -> Option<PublishError> {
+    let refusal = text.contains("NOT_FOUND") || text.contains("ACCESS_REFUSED");
+    (refusal && text.contains(&format!("exchange '{exchange}'"))).then(|| {
+        PublishError::NoExchange {
+            exchange: exchange.to_owned(),
+            detail: text.to_owned(),
+        }
+    })
+}
+
 #[async_trait]
 impl EventPublisher for AmqpPublisher {
     async fn publish(&self, record: &OutboxRecord) -> Result<Confirm, PublishError> {
@@ -190,22 +206,16 @@ impl EventPublisher for AmqpPublisher {
                 Err(timed_out) => Err(timed_out),
                 Ok(Err(error)) => {
                     let text = error.to_string();
-                    // The exchange was deleted since it was checked: the broker closed the
-                    // channel with NOT_FOUND, naming it. Checked again at its next publish;
-                    // the other publishes on the channel lost it through no fault of theirs.
+                    // A missing exchange is checked again at its next publish.
                     if text.contains("NOT_FOUND") {
                         link.forget_exchange(&exchange);
                     }
-                    if text.contains("NOT_FOUND")
-                        && text.contains(&format!("exchange '{exchange}'"))
-                    {
-                        Err(PublishError::NoExchange {
-                            exchange,
-                            detail: text,
-                        })
-                    } else {
-                        link.outage().lost_one();
-                        Err(channel_error(error))
+                    match refused_exchange(&text, &exchange) {
+                        Some(refused) => Err(refused),
+                        None => {
+                            link.outage().lost_one();
+                            Err(channel_error(error))
+                        }
                     }
                 }
                 // With `mandatory`, an unroutable message comes back before its ack,
@@ -240,6 +250,42 @@ impl EventPublisher for AmqpPublisher {
             // A stalled broker never answers the close: do not let it hold up shutdown.
             let closing = open.channel.close(200, "publisher stopping".into());
             let _ = tokio::time::timeout(self.link.close_timeout(), closing).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_exchange;
+    use outbox_core::PublishError;
+
+    #[test]
+    fn a_channel_closed_over_the_exchange_itself_is_the_events_failure() {
+        for text in [
+            "protocol error: AMQPError { kind: Soft(NOTFOUND), message: \"NOT_FOUND - no exchange 'rooms.x' in vhost '/'\" }",
+            "protocol error: AMQPError { kind: Soft(ACCESSREFUSED), message: \"ACCESS_REFUSED - write access to exchange 'rooms.x' in vhost '/' refused for user 'relay'\" }",
+        ] {
+            let refused = refused_exchange(text, "rooms.x");
+            assert!(
+                matches!(&refused, Some(PublishError::NoExchange { exchange, detail })
+                    if exchange == "rooms.x" && detail == text),
+                "{refused:?}"
+            );
+            assert!(refused.is_some_and(|error| error.counts_as_attempt()));
+        }
+    }
+
+    #[test]
+    fn another_channel_error_is_nobodys_fault() {
+        for (text, exchange) in [
+            (
+                "ACCESS_REFUSED - write access to exchange 'other' in vhost '/' refused",
+                "rooms.x",
+            ),
+            ("connection reset by peer", "rooms.x"),
+            ("PRECONDITION_FAILED - unknown delivery tag 7", "rooms.x"),
+        ] {
+            assert!(refused_exchange(text, exchange).is_none(), "{text}");
         }
     }
 }
