@@ -3,7 +3,7 @@
 use outbox_tests::services::{amqp_url, database_url};
 use outbox_tests::{
     assert_within, event, eventually, room_events, server_of, through, within, Backend, FaultProxy,
-    RelayProcess, TestApp, TestEvent,
+    OutputInTime as _, RelayProcess, TestApp, TestEvent,
 };
 use std::time::{Duration, Instant};
 
@@ -141,41 +141,80 @@ async fn a_stalled_broker_fails_publishes_on_time_and_sigterm_still_exits() {
     app.teardown().await;
 }
 
+/// The numbers of the confirm-mode channels `user` has open on the broker: the relay's
+/// publishers' channels (its other channels are not in confirm mode).
+fn confirm_channels(user: &str) -> Vec<u64> {
+    let output = std::process::Command::new("rabbitmqctl")
+        .args([
+            "list_channels",
+            "user",
+            "number",
+            "confirm",
+            "--formatter",
+            "json",
+            "-s",
+        ])
+        .output_in_time()
+        .expect("rabbitmqctl runs");
+    assert!(output.status.success(), "{output:?}");
+    let channels: Vec<serde_json::Value> =
+        serde_json::from_slice(&output.stdout).expect("rabbitmqctl's JSON");
+    (channels.iter())
+        .filter(|channel| channel["user"] == user && channel["confirm"] == true)
+        .filter_map(|channel| channel["number"].as_u64())
+        .collect()
+}
+
 #[actix_rt::test]
 async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
-    let missing = outbox_tests::unique_name("e2e.missing");
-    let mut events = vec![event("ghost", "g").of_type("ghost.created")];
-    events.extend(room_events("after", 50, 5));
+    // The broker closes the publisher's own channel when it publishes to an exchange that
+    // exists but that the relay's user may not write to (ACCESS_REFUSED).
+    let refused = outbox_tests::TestBroker::new("#").await;
+    let user = outbox_tests::BrokerUser::with_permissions("s3cret", ".*", "^$", ".*");
+    let refused_exchange = refused.exchange.clone();
     // Through a proxy that counts connections: a channel error must cost a channel, not
     // the connection.
     let proxy = FaultProxy::start(server_of(&amqp_url())).await;
     let mut app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
-            settings.amqp.url = through(proxy.addr, &settings.amqp.url);
-            settings.amqp.declare_exchange = false;
             settings.amqp.routes = vec![outbox_relay::settings::RouteSettings {
                 event_type: "ghost.*".into(),
-                exchange: missing.clone(),
+                exchange: refused_exchange,
                 routing_key: None,
                 ..Default::default()
             }];
             settings.relay.publishers = 1;
             settings.relay.retry_interval = "100ms".into();
         })
-        .seeded(&events)
-        .spawn()
+        .seeded(&room_events("before", 50, 5))
+        .build()
         .await;
-
+    // The user may write to the test's own exchange only.
+    rabbitmqctl_permissions(&user.name, &app.broker.exchange);
+    app.settings.amqp.url = through(proxy.addr, &user.url_with_password(&app.broker));
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
     app.broker.wait_for(50, Duration::from_secs(30)).await;
+    let before = confirm_channels(&user.name);
+    assert_eq!(
+        before.len(),
+        1,
+        "one publisher, one confirm channel: {before:?}"
+    );
+    let connections = proxy.accepted();
+
+    outbox_tests::seed(
+        &app.database,
+        &[event("ghost", "g").of_type("ghost.created")],
+    )
+    .await;
     eventually(
         "the ghost event to fail twice",
         Duration::from_secs(30),
         || async { app.database.row("ghost").await.retry_count >= 2 },
     )
     .await;
-    let connections = proxy.accepted();
-    // Each failure closed the one publisher's channel: events inserted after the second
-    // still flow, so the channel was opened again, on the same connection.
+    // Each failure closed the publisher's channel: events inserted after the second still
+    // flow, on a channel opened again on the same connection.
     let later = room_events("later", 20, 5);
     outbox_tests::seed(&app.database, &later).await;
     let received = app
@@ -183,20 +222,30 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
         .wait_for_each(&later, Duration::from_secs(30))
         .await;
     outbox_tests::assert_every_event_delivered(&received, &later);
+    let after = confirm_channels(&user.name);
+    assert_eq!(after.len(), 1, "still one confirm channel: {after:?}");
+    assert_ne!(after, before, "the publisher's channel was replaced");
     assert_eq!(
         proxy.accepted(),
         connections,
         "the connection was kept: only the channel was recreated"
     );
-    app.stop().await;
+    relay.stop(Duration::from_secs(30)).await;
     let ghost = app.database.row("ghost").await;
-    assert_eq!(ghost.status, "pending");
     let error = ghost.last_error.unwrap_or_default();
+    assert!(error.contains("ACCESS_REFUSED"), "{error}");
     assert!(
-        error.contains("NOT_FOUND") || error.contains("no exchange"),
-        "{error}"
+        refused.drain(Duration::from_secs(10)).await.is_empty(),
+        "nothing reached the refused exchange"
     );
+    refused.close().await;
     app.teardown().await;
+}
+
+/// Lets `user` configure and read everything on `/` and write to `exchange` only.
+fn rabbitmqctl_permissions(user: &str, exchange: &str) {
+    let write = format!("^{}$", exchange.replace('.', "\\."));
+    outbox_tests::rabbitmqctl(&["set_permissions", "-p", "/", user, ".*", &write, ".*"]);
 }
 
 /// The failure table's broker row: a lost connection is re-established and the exchanges declared
