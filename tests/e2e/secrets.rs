@@ -405,3 +405,70 @@ async fn an_outbox_on_a_second_database_takes_its_own_password_from_the_environm
     postgres.drop_table().await;
     maria.drop_table().await;
 }
+
+/// Sets `path`'s mode.
+fn chmod(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// The `# warning:` lines of `check-config`'s output.
+fn warnings(output: &std::process::Output) -> Vec<String> {
+    stdout(output)
+        .lines()
+        .filter(|line| line.starts_with("# warning:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn check_config_warns_of_a_settings_file_with_a_password_that_others_may_read() {
+    let mut settings = outbox_relay::settings::Settings::default();
+    settings.database.url = "postgres://relay:Mode-Pw-7a1e@db.internal:5432/rooms".into();
+    let file = SettingsFile::write(&settings);
+    let path = file.path.display().to_string();
+
+    chmod(&file.path, 0o644);
+    let output = file.run(crate::RELAY, &["check-config", "--offline"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let warned = warnings(&output);
+    assert!(
+        warned.iter().any(|line| line.contains(&format!(
+            "settings file {path} holds a secret and is readable by its group or others \
+             (mode 0644): chmod 600 {path}"
+        ))),
+        "{warned:?}"
+    );
+    assert_not_shown("Mode-Pw-7a1e", &[&stdout(&output), &stderr(&output)]);
+
+    chmod(&file.path, 0o600);
+    let output = file.run(crate::RELAY, &["check-config", "--offline"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        !warnings(&output).iter().any(|line| line.contains(&path)),
+        "{}",
+        stdout(&output)
+    );
+}
+
+#[test]
+fn check_config_warns_of_a_password_file_that_its_group_may_read() {
+    let password = secret_file("Group-Pw-31c9");
+    chmod(&password, 0o640);
+    let mut settings = outbox_relay::settings::Settings::default();
+    settings.amqp.url = "amqp://relay@mq.internal:5672/%2f".into();
+    settings.amqp.password_file = password.display().to_string();
+
+    let output = run_binary(crate::RELAY, &settings, &["check-config", "--offline"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let path = password.display();
+    let warned = warnings(&output);
+    assert!(
+        warned.iter().any(|line| line.contains(&format!(
+            "password file {path} (amqp.password_file) is readable by its group or others \
+             (mode 0640): chmod 600 {path}"
+        ))),
+        "{warned:?}"
+    );
+    let _ = std::fs::remove_file(password);
+}

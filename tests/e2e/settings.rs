@@ -1,8 +1,19 @@
 //! The binary's answers to bad and overridden settings (`docs/configuration.md`).
 
 use outbox_tests::output::{stderr, stdout};
-use outbox_tests::OutputInTime as _;
+use outbox_tests::relay::{output_within, CHILD_DEADLINE};
+use outbox_tests::services::{amqp_url, database_url};
+use outbox_tests::{Backend, OutputInTime as _};
+use std::collections::BTreeMap;
 use std::process::{Command, Output};
+
+/// What a refused start's messages must name, shared with outbox-relay's in-process
+/// settings campaign.
+#[path = "../../crates/outbox-relay/src/settings/tests/key_named.rs"]
+mod key_named;
+/// The settings campaign's cases, shared with outbox-relay's in-process campaign.
+#[path = "../../crates/outbox-relay/src/settings/tests/mutations.rs"]
+mod mutations;
 
 /// Runs the binary on a settings file holding `config` (after a comment: an empty file is
 /// refused).
@@ -250,5 +261,112 @@ fn with_json_logs_the_final_error_is_one_json_line() {
     assert!(
         text.starts_with("error: invalid configuration: relay.lease = 30"),
         "{text}"
+    );
+}
+
+/// The messages a refused start ended with: each `error: …` line (after `invalid
+/// configuration: `), or the `error` of each JSON line at level ERROR (`log.format =
+/// "json"`).
+fn final_errors(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter_map(|line| {
+            if let Some(error) = line.strip_prefix("error: ") {
+                let error = error
+                    .strip_prefix("invalid configuration: ")
+                    .unwrap_or(error);
+                return Some(error.to_owned());
+            }
+            let json: serde_json::Value = serde_json::from_str(line).ok()?;
+            (json["level"] == "ERROR")
+                .then(|| json["error"].as_str().map(str::to_owned))
+                .flatten()
+        })
+        .collect()
+}
+
+/// A sample of the settings campaign through the binary: `check-config` (which asks the
+/// test services, as a deployment's would) exits 0 or 2 within the deadline, never
+/// panics, and every message of an exit 2 names a key; a start that `check-config` refuses
+/// is refused by `run` as well, the same way. `OUTBOX_SETTINGS_BINARY_CASES` sets how many
+/// cases (50), `OUTBOX_SETTINGS_SEED` the seed.
+#[test]
+fn a_sample_of_mutated_settings_exits_0_or_2_naming_a_key() {
+    let count = mutations::number_from_env("OUTBOX_SETTINGS_BINARY_CASES", 50) as usize;
+    let seed = mutations::number_from_env("OUTBOX_SETTINGS_SEED", mutations::SEED);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let bases = mutations::bases(&root, &database_url(Backend::Postgres), &amqp_url());
+    let (mut accepted, mut refused, mut runs) = (0, 0, 0);
+    let mut by_key: BTreeMap<String, usize> = BTreeMap::new();
+    for case in mutations::cases(&bases, seed, count) {
+        // Its own directory: a relative SQLite URL points there, and nothing else is touched.
+        let directory = std::env::temp_dir().join(outbox_tests::unique_name("campaign"));
+        std::fs::create_dir(&directory).unwrap();
+        let file = directory.join("settings.toml");
+        std::fs::write(&file, &case.file).unwrap();
+        let path = file.display().to_string();
+        let what = |command: &str, output: &Output| {
+            format!(
+                "case {} (seed {seed:#x}), {command}: exit {:?}\n  edits: {:?}\n  env: {:?}\n  \
+                 stderr:\n{}\n  stdout:\n{}",
+                case.number,
+                output.status.code(),
+                case.edits,
+                case.env,
+                stderr(output),
+                stdout(output)
+            )
+        };
+        for command in ["check-config", "run"] {
+            let mut binary = Command::new(crate::RELAY);
+            binary
+                .arg("--config")
+                .arg(&file)
+                .arg(command)
+                .current_dir(&directory)
+                .envs(case.env.iter().map(|(name, value)| (name, value)));
+            let output = output_within(&mut binary, CHILD_DEADLINE);
+            let code = output.status.code();
+            assert!(
+                !stderr(&output).contains("panicked"),
+                "{}",
+                what(command, &output)
+            );
+            if command == "run" {
+                runs += 1;
+                assert_eq!(code, Some(2), "{}", what(command, &output));
+            }
+            match code {
+                Some(0) => {
+                    accepted += 1;
+                    // `run` would start relaying: only a refused start is run.
+                    break;
+                }
+                Some(2) => {
+                    let errors = final_errors(&stderr(&output));
+                    assert!(!errors.is_empty(), "{}", what(command, &output));
+                    for error in &errors {
+                        let key = key_named::names_a_key(error, &path, &case.env);
+                        let key = key.unwrap_or_else(|| {
+                            panic!("names no key: {error}\n{}", what(command, &output))
+                        });
+                        if command == "check-config" {
+                            *by_key.entry(key).or_default() += 1;
+                        }
+                    }
+                    if command == "check-config" {
+                        refused += 1;
+                    }
+                }
+                _ => panic!("{}", what(command, &output)),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&directory);
+    }
+    eprintln!(
+        "settings campaign through the binary (seed {seed:#x}): {count} cases: {accepted} \
+         accepted by check-config (exit 0), {refused} refused (exit 2), each refused by run \
+         too ({runs} runs); their messages by the key they name: {}",
+        key_named::summary(&by_key)
     );
 }

@@ -144,8 +144,7 @@ impl SeaOrmStore {
         let dialect = self.dialect();
         let t = self.table();
         let p = &self.reads().position;
-        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(30));
-        let until = Utc::now() + lease;
+        let until = crate::claim::lease_until(Utc::now(), lease);
         let mut params = Params::new(dialect);
         let until = params.bind_time(until);
         let node = params.bind(node_id);

@@ -8,6 +8,11 @@ use std::time::Duration;
 /// What a duration setting accepts.
 const DURATION: &str = "a duration such as \"30s\", \"250ms\" or \"5m\"";
 
+/// The longest duration a setting takes: 1,000 years (`"1000y"`). A longer one is a slip,
+/// and no deadline the relay can keep: a lease that long ends past the last timestamp the
+/// databases (and chrono) hold.
+pub(super) const MAX_DURATION: Duration = Duration::from_secs(1_000 * 31_557_600);
+
 /// What validation has found so far.
 #[derive(Default)]
 pub(super) struct Report {
@@ -81,13 +86,25 @@ impl Section<'_> {
         }
     }
 
-    /// A duration; blank is zero.
+    /// A duration of at most [`MAX_DURATION`]; blank is zero.
     pub(super) fn duration(&mut self, key: &str, field: &Field<Span>) -> Option<Duration> {
         if field.is_blank() {
             return Some(Duration::ZERO);
         }
-        self.parse(key, field, Some(DURATION))
-            .map(|Span(duration)| duration)
+        let Span(duration) = self.parse(key, field, Some(DURATION))?;
+        self.bounded(key, field, duration)
+    }
+
+    /// `duration`, or `None` with an error when it is above [`MAX_DURATION`].
+    fn bounded(&mut self, key: &str, field: &Field<Span>, duration: Duration) -> Option<Duration> {
+        if duration <= MAX_DURATION {
+            return Some(duration);
+        }
+        self.reject(
+            key,
+            field.text(),
+            "a duration of at most 1000 years (\"1000y\")",
+        )
     }
 
     /// A duration that blank or zero turns off (`None`; zero with a warning): `accepted`
@@ -103,6 +120,7 @@ impl Section<'_> {
             return Some(None);
         }
         let Span(duration) = self.parse(key, field, Some(accepted))?;
+        let duration = self.bounded(key, field, duration)?;
         Some(self.or_default(key, Some(duration), None, &format!("\"\" ({off})")))
     }
 

@@ -33,7 +33,8 @@ pub struct Config {
     /// `relay.startup_timeout`: how long `run` waits at start for an unreachable database
     /// or broker; `None`: as long as it takes.
     pub startup_timeout: Option<std::time::Duration>,
-    /// Settings replaced by defaults (zero values), to log once telemetry is up.
+    /// Settings replaced by defaults (zero values), settings that defeat one another, and
+    /// files holding a secret that others may read: to log once telemetry is up.
     pub warnings: Vec<String>,
     /// The settings as loaded (for `check-config`, after redaction).
     pub effective: Settings,

@@ -7,6 +7,7 @@
 
 use super::config::{Config, LogFormat};
 use super::environment::{self, Origins};
+use super::file_modes;
 use super::shape::Settings;
 use super::wording;
 use super::ConfigError;
@@ -30,6 +31,8 @@ struct Loaded {
     settings: Settings,
     origins: Origins,
     errors: Vec<ConfigError>,
+    /// The settings file holds a secret of its own (`file_modes::holds_secret`).
+    file_holds_secret: bool,
 }
 
 impl Settings {
@@ -47,12 +50,15 @@ impl Settings {
 
 impl Config {
     /// [`Settings::load`], then [`Settings::validate`]: every problem of the shape and of
-    /// the values at once, each from the environment naming its variable.
+    /// the values at once, each from the environment naming its variable. A settings file
+    /// or password file holding a secret that others may read is a warning
+    /// (`file_modes`).
     pub fn load(file: &Path, required: bool) -> Result<Config, Rejected> {
         let Loaded {
             settings,
             origins,
             mut errors,
+            file_holds_secret,
         } = Loaded::read(file, required).map_err(|errors| Rejected {
             errors,
             log_format: None,
@@ -60,8 +66,12 @@ impl Config {
         let log_format = settings.log.format.parsed().ok().copied();
         // Read here, not in `validate`: the process's environment, like the variables.
         errors.extend(super::validate::rust_log());
+        let secret_files = file_modes::secret_files(file, file_holds_secret, &settings);
         match settings.validate() {
-            Ok(config) if errors.is_empty() => Ok(config),
+            Ok(mut config) if errors.is_empty() => {
+                config.warnings.extend(file_modes::warnings(&secret_files));
+                Ok(config)
+            }
             Ok(_) => Err(Rejected { errors, log_format }),
             Err(invalid) => {
                 errors.extend(invalid.into_iter().map(|e| from_environment(e, &origins)));
@@ -78,6 +88,7 @@ impl Loaded {
             Some(text) => parse(file, &text).map_err(|error| vec![error])?,
             None => Dict::new(),
         };
+        let file_holds_secret = file_modes::holds_secret(&dict);
         let variables = environment::variables()?;
         let mut errors = Vec::new();
         let origins = environment::apply(&mut dict, &variables, &mut errors);
@@ -86,6 +97,7 @@ impl Loaded {
             settings,
             origins,
             errors,
+            file_holds_secret,
         })
     }
 }

@@ -8,6 +8,7 @@
 //!   words (`wording`).
 //! - `validate`: each section checks itself and yields its part of the typed [`Config`],
 //!   recording its errors and warnings in a report (`check`).
+//! - `file_modes`: a warning for each file holding a secret that others may read.
 //!
 //! Every problem is reported at once, each naming the key, the bad value and what is
 //! accepted; no password is ever printed (see [`crate::secrets`]).
@@ -16,6 +17,7 @@ mod check;
 mod config;
 mod environment;
 pub mod field;
+mod file_modes;
 mod load;
 mod outboxes;
 pub mod shape;

@@ -622,7 +622,11 @@ const LEASE_OVER_PUBLISH_TIMEOUT: u32 = 3;
 fn contradictions(relay: &RelayOptions) -> Vec<String> {
     let mut warnings = Vec::new();
     let shown = |duration: Duration| humantime::format_duration(duration).to_string();
-    if relay.lease < relay.publish_timeout * LEASE_OVER_PUBLISH_TIMEOUT {
+    // Saturating: never an overflow, whatever bound durations have.
+    let lease_floor = relay
+        .publish_timeout
+        .saturating_mul(LEASE_OVER_PUBLISH_TIMEOUT);
+    if relay.lease < lease_floor {
         warnings.push(format!(
             "relay.lease = {:?} is not comfortably above relay.publish_timeout = {:?}: leases \
              are renewed every lease / 3, so a lease below {LEASE_OVER_PUBLISH_TIMEOUT} × \
@@ -631,7 +635,7 @@ fn contradictions(relay: &RelayOptions) -> Vec<String> {
              and 3s)",
             shown(relay.lease),
             shown(relay.publish_timeout),
-            shown(relay.publish_timeout * LEASE_OVER_PUBLISH_TIMEOUT),
+            shown(lease_floor),
         ));
     }
     if relay.shutdown_timeout < relay.publish_timeout {

@@ -245,9 +245,7 @@ impl Claim<'_> {
 
     /// When the leases this claim takes end.
     fn lease_end(&self) -> DateTime<Utc> {
-        self.now
-            + chrono::Duration::from_std(self.request.lease)
-                .unwrap_or(chrono::Duration::seconds(30))
+        lease_until(self.now, self.request.lease)
     }
 
     fn limit(&self) -> i64 {
@@ -293,4 +291,28 @@ fn claim_lock_sql(table: &TableName) -> String {
 async fn take_claim_lock<C: ConnectionTrait>(txn: &C, table: &TableName) -> Result<(), DbErr> {
     txn.execute_unprepared(&claim_lock_sql(table)).await?;
     Ok(())
+}
+
+/// When a lease of `lease` taken at `now` ends: never a panic, however long the lease (the
+/// settings bound it; a lease beyond what a timestamp holds ends at the last one).
+pub(crate) fn lease_until(now: DateTime<Utc>, lease: Duration) -> DateTime<Utc> {
+    let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(30));
+    now.checked_add_signed(lease)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_too_long_for_a_timestamp_ends_at_the_last_one_without_a_panic() {
+        let now = Utc::now();
+        assert_eq!(
+            lease_until(now, Duration::from_secs(30)),
+            now + chrono::Duration::seconds(30)
+        );
+        let million_years = Duration::from_secs(1_000_000 * 31_557_600);
+        assert_eq!(lease_until(now, million_years), DateTime::<Utc>::MAX_UTC);
+    }
 }

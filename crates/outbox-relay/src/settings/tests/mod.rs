@@ -1,6 +1,9 @@
 //! Loading and validating whole settings files: each rejection names the key, the value
 //! and what is accepted, every problem is reported at once, and no password is shown.
 
+mod campaign;
+mod key_named;
+mod mutations;
 mod outboxes;
 mod secrets;
 mod shape;
@@ -688,4 +691,41 @@ fn a_pgsslmode_libpq_would_refuse_is_an_error_naming_it() {
         &[("PGSSLMODE", "verify_full")],
     )
     .unwrap();
+}
+
+#[test]
+fn a_duration_beyond_a_thousand_years_is_refused_naming_its_key() {
+    // A lease that long ended past the last timestamp: the Fetcher panicked at its first
+    // claim, and the relay ran on relaying nothing.
+    for (key, value) in [
+        ("lease", "1000000y"),
+        ("publish_timeout", "9223372036854775807s"),
+        ("retention", "2000y"),
+        ("max_pending_age", "1001y"),
+    ] {
+        let error = load(&format!("[relay]\n{key} = \"{value}\""), &[]).unwrap_err();
+        assert_eq!(
+            error,
+            format!(
+                "relay.{key} = \"{value}\" is invalid: a duration of at most 1000 years (\"1000y\")"
+            )
+        );
+    }
+    let config = load(
+        "[relay]\nlease = \"1000y\"\npublish_timeout = \"1000y\"",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(config.relay.lease, super::check::MAX_DURATION);
+}
+
+#[test]
+fn a_publish_timeout_at_the_bound_is_weighed_against_the_lease_without_overflow() {
+    // `publish_timeout × 3` overflowed a Duration (a panic, not exit code 2).
+    let config = load("[relay]\npublish_timeout = \"1000y\"", &[]).unwrap();
+    let warnings = config.warnings.join("\n");
+    assert!(
+        warnings.contains("relay.lease = \"30s\" is not comfortably above"),
+        "{warnings}"
+    );
 }

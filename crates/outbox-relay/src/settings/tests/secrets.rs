@@ -336,3 +336,74 @@ fn every_broker_of_a_cluster_gets_the_password_and_none_shows_it() {
         "x amqp://relay:***@mq-1"
     );
 }
+
+/// Loads `toml` from a settings file of `mode`, with `env`: the warnings.
+#[cfg(unix)]
+// figment's Jail closures return its (large) error type.
+#[allow(clippy::result_large_err)]
+fn warnings_at_mode(toml: &str, mode: u32, env: &[(&str, &str)]) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut warnings = Vec::new();
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("relay.toml", toml)?;
+        std::fs::set_permissions("relay.toml", std::fs::Permissions::from_mode(mode))
+            .expect("chmod");
+        for (key, value) in env {
+            jail.set_env(key, value);
+        }
+        let config = crate::settings::Config::load(std::path::Path::new("relay.toml"), true)
+            .expect("valid settings");
+        warnings = config.warnings;
+        Ok(())
+    });
+    warnings
+}
+
+#[cfg(unix)]
+#[test]
+fn a_settings_file_holding_a_password_that_others_may_read_is_warned_of() {
+    let toml = "[database]\nurl = \"postgres://relay:s3cret@db/app\"\n";
+    let warnings = warnings_at_mode(toml, 0o644, &[]);
+    assert_eq!(
+        warnings,
+        [
+            "settings file relay.toml holds a secret and is readable by its group or others \
+          (mode 0644): chmod 600 relay.toml (or chmod 640 with a group only the relay's user \
+          is in, the file owned by root)"
+        ]
+    );
+    assert!(!warnings[0].contains("s3cret"));
+    assert_eq!(warnings_at_mode(toml, 0o600, &[]), Vec::<String>::new());
+    // Nothing secret in the file: its mode is its owner's business.
+    let plain = "[database]\nurl = \"postgres://relay@db/app\"\n";
+    assert_eq!(warnings_at_mode(plain, 0o644, &[]), Vec::<String>::new());
+}
+
+#[cfg(unix)]
+#[test]
+fn a_password_file_that_others_may_read_is_warned_of_with_its_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let file = temp_file("open-password", "pw\n");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let toml = "[database]\nurl = \"postgres://relay@db/app\"\n";
+    let warnings = warnings_at_mode(
+        toml,
+        0o600,
+        &[("OUTBOX_RELAY__DATABASE__PASSWORD_FILE", file.as_str())],
+    );
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with(&format!(
+            "password file {file} (database.password_file) is readable by its group or others \
+             (mode 0640): chmod 600 {file}"
+        )),
+        "{warnings:?}"
+    );
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let quiet = warnings_at_mode(
+        toml,
+        0o600,
+        &[("OUTBOX_RELAY__DATABASE__PASSWORD_FILE", file.as_str())],
+    );
+    assert_eq!(quiet, Vec::<String>::new());
+}
