@@ -6,54 +6,14 @@ use outbox_relay::settings::OutboxSettings;
 use outbox_tests::output::{stderr, stdout};
 use outbox_tests::OutputInTime as _;
 use outbox_tests::{
-    room_events, run_binary, seed, test_settings, unique_name, Backend, RelayProcess, SettingsFile,
-    TestBroker, TestDatabase,
+    room_events, run_binary, seed, test_settings, unique_name, Backend, BrokerUser, RelayProcess,
+    SettingsFile, TestBroker, TestDatabase,
 };
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// A RabbitMQ user of its own with `password`, allowed everything on `/`; deleted on drop.
-struct BrokerUser {
-    name: String,
-}
-
-impl BrokerUser {
-    fn new(password: &str) -> Self {
-        let name = unique_name("e2e_user");
-        rabbitmqctl(&["add_user", &name, password]);
-        rabbitmqctl(&["set_permissions", "-p", "/", &name, ".*", ".*", ".*"]);
-        Self { name }
-    }
-
-    /// `broker`'s URL with this user and no password.
-    fn url(&self, broker: &TestBroker) -> String {
-        let mut url = url::Url::parse(&broker.url).expect("a URL");
-        url.set_password(None).expect("a host");
-        url.set_username(&self.name).expect("a host");
-        url.into()
-    }
-}
-
-impl Drop for BrokerUser {
-    fn drop(&mut self) {
-        rabbitmqctl(&["delete_user", &self.name]);
-    }
-}
-
-fn rabbitmqctl(args: &[&str]) {
-    let output = Command::new("rabbitmqctl")
-        .args(args)
-        .output_in_time()
-        .expect("rabbitmqctl runs");
-    assert!(
-        output.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        stderr(&output)
-    );
-}
 
 /// Asserts that none of `texts` shows `password`. A short one (`0123`, `true`) may occur
 /// in any log by chance (a timestamp, a JSON boolean), so it is looked for where a
@@ -129,14 +89,16 @@ fn check_config_prints_no_password_from_the_environment_or_a_file() {
 #[actix_rt::test]
 async fn the_log_of_run_holds_no_password() {
     // Trust authentication ignores the password, so a distinctive one is accepted and can
-    // be looked for; RabbitMQ's guest has exactly "guest", given here through a file.
+    // be looked for; the broker's, of a user of the test's own, is given through a file.
     const DATABASE_PASSWORD: &str = "pg-Pw-41d8cd98";
+    const AMQP_PASSWORD: &str = "mq-Pw-9e107d9d";
     let database = TestDatabase::new(Backend::Postgres).await;
     let broker = TestBroker::new("#").await;
-    let amqp_password = secret_file("guest");
+    let user = BrokerUser::new(AMQP_PASSWORD);
+    let amqp_password = secret_file(AMQP_PASSWORD);
     let settings = test_settings(&database, &broker, |settings| {
         settings.database.url = with_password(&database.url, DATABASE_PASSWORD);
-        settings.amqp.url = "amqp://guest@127.0.0.1:5672/%2f".into();
+        settings.amqp.url = user.url(&broker);
         settings.amqp.password_file = amqp_password.display().to_string();
         // The libraries' debug lines, and amq-protocol-tcp's trace line that prints the
         // parsed broker URL, password and all.
@@ -152,7 +114,7 @@ async fn the_log_of_run_holds_no_password() {
 
     assert!(log.contains("DEBUG"), "debug lines were logged: {log}");
     assert!(!log.contains(DATABASE_PASSWORD), "{log}");
-    assert!(!log.contains(":guest@"), "{log}");
+    assert!(!log.contains(AMQP_PASSWORD), "{log}");
     let _ = std::fs::remove_file(amqp_password);
     broker.close().await;
     database.drop_table().await;
