@@ -262,8 +262,13 @@ impl Broker {
     /// [`Broker::publisher`] for one outbox: its messages go and are labelled as `routing`
     /// says, on this one connection.
     pub async fn publisher_for(&self, routing: Arc<Routing>) -> Result<AmqpPublisher, AmqpError> {
-        let channel = self.link.confirm_channel().await?;
-        Ok(AmqpPublisher::new(channel, Arc::clone(&self.link), routing))
+        let (channel, frame_max) = self.link.confirm_channel().await?;
+        Ok(AmqpPublisher::new(
+            channel,
+            frame_max,
+            Arc::clone(&self.link),
+            routing,
+        ))
     }
 
     /// Whether the link is usable: the connection is open, or was down and opened again now
@@ -551,8 +556,9 @@ impl Link {
         self.exchanges.lock().unwrap().remove(exchange);
     }
 
-    /// A new channel in confirm mode on the current connection.
-    pub(crate) async fn confirm_channel(&self) -> Result<Channel, AmqpError> {
+    /// A new channel in confirm mode on the current connection, and that connection's
+    /// negotiated `frame_max`.
+    pub(crate) async fn confirm_channel(&self) -> Result<(Channel, u32), AmqpError> {
         let connection = self.connection().await?;
         let channel = connection
             .create_channel()
@@ -562,7 +568,7 @@ impl Link {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(AmqpError::Channel)?;
-        Ok(channel)
+        Ok((channel, connection.configuration().frame_max()))
     }
 }
 

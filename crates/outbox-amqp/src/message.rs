@@ -4,6 +4,8 @@ use crate::APP_ID;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use outbox_core::{ColumnValue, ExtraColumns, OutboxRecord, PublishError};
+use serde_json::value::RawValue;
+use std::collections::BTreeMap;
 
 /// RabbitMQ's default `max_message_size` (128 MiB): larger bodies are refused by the broker.
 pub const MAX_BODY_BYTES: usize = 128 * 1024 * 1024;
@@ -28,6 +30,76 @@ pub fn check_body(length: usize, limit: usize) -> Result<(), PublishError> {
         )));
     }
     Ok(())
+}
+
+/// A content header frame's bytes besides its properties: the frame's type, channel, size
+/// and end (8), and the class, weight, body size and property flags (14).
+const HEADER_FRAME_OVERHEAD: usize = 8 + 14;
+
+/// A message whose properties (its headers, mostly) do not fit in one frame of the
+/// connection's `frame_max` can never be published: AMQP carries them in a single content
+/// header frame, and RabbitMQ answers a larger one by closing the whole connection
+/// (`FRAME_ERROR … frame_too_large`), failing every publish in flight on it, over and over
+/// as the event is retried. A permanent failure instead, naming the size and the limit.
+pub fn check_header_frame(
+    properties: &BasicProperties,
+    frame_max: u32,
+) -> Result<(), PublishError> {
+    let bytes = header_frame_bytes(properties);
+    // 0: no limit negotiated (lapin then sends frames of any size).
+    if frame_max != 0 && bytes > frame_max as usize {
+        return Err(PublishError::Invalid(format!(
+            "the message's properties take {bytes} bytes (headers column and relay headers), \
+             above the broker's frame_max of {frame_max} bytes that one content header frame \
+             must fit in; send large values in the envelope"
+        )));
+    }
+    Ok(())
+}
+
+/// The bytes of the content header frame that carries `properties`, as AMQP 0-9-1 encodes it.
+pub fn header_frame_bytes(properties: &BasicProperties) -> usize {
+    let short = |value: &Option<ShortString>| value.as_ref().map_or(0, |s| 1 + s.as_str().len());
+    HEADER_FRAME_OVERHEAD
+        + short(properties.content_type())
+        + short(properties.content_encoding())
+        + properties.headers().as_ref().map_or(0, table_bytes)
+        + properties.delivery_mode().map_or(0, |_| 1)
+        + properties.priority().map_or(0, |_| 1)
+        + short(properties.correlation_id())
+        + short(properties.reply_to())
+        + short(properties.expiration())
+        + short(properties.message_id())
+        + properties.timestamp().map_or(0, |_| 8)
+        + short(properties.kind())
+        + short(properties.user_id())
+        + short(properties.app_id())
+        + short(properties.cluster_id())
+}
+
+fn table_bytes(table: &FieldTable) -> usize {
+    4 + table
+        .inner()
+        .iter()
+        .map(|(key, value)| 1 + key.as_str().len() + value_bytes(value))
+        .sum::<usize>()
+}
+
+/// A field value's type octet and its encoding.
+fn value_bytes(value: &AMQPValue) -> usize {
+    1 + match value {
+        AMQPValue::Boolean(_) | AMQPValue::ShortShortInt(_) | AMQPValue::ShortShortUInt(_) => 1,
+        AMQPValue::ShortInt(_) | AMQPValue::ShortUInt(_) => 2,
+        AMQPValue::LongInt(_) | AMQPValue::LongUInt(_) | AMQPValue::Float(_) => 4,
+        AMQPValue::LongLongInt(_) | AMQPValue::Double(_) | AMQPValue::Timestamp(_) => 8,
+        AMQPValue::DecimalValue(_) => 5,
+        AMQPValue::ShortString(text) => 1 + text.as_str().len(),
+        AMQPValue::LongString(text) => 4 + text.as_bytes().len(),
+        AMQPValue::ByteArray(bytes) => 4 + bytes.len(),
+        AMQPValue::FieldArray(items) => 4 + items.as_slice().iter().map(value_bytes).sum::<usize>(),
+        AMQPValue::FieldTable(table) => table_bytes(table),
+        AMQPValue::Void => 0,
+    }
 }
 
 /// Properties and headers of `record` for an outbox with no extra columns and the
@@ -135,13 +207,18 @@ pub const MAX_HEADER_DEPTH: usize = 16;
 /// is a long string, `true`/`false` a boolean, an integer a signed 64-bit integer
 /// (long-long-int), any other number a double, an object a field table and an array a
 /// field array, recursively; `null` drops its key (in an array it is AMQP's void).
-/// Refused, naming the header: a value not JSON, not an object, an integer above
-/// `i64::MAX`, a key over 255 bytes (an AMQP short string), nesting past
+/// Refused, naming the header: a value not JSON, not an object, an integer outside
+/// `i64` (however many digits it has: never rounded to a double), a number beyond a
+/// double's range, a key over 255 bytes (an AMQP short string), nesting past
 /// [`MAX_HEADER_DEPTH`].
+///
+/// Each value is read from its own text ([`RawValue`]), so a number keeps what the
+/// producer wrote: `18446744073709551879` is an integer too large, not the double
+/// `1.8446744073709552e19`, and a double is the one nearest its digits.
 pub fn header_table(json: &str) -> Result<FieldTable, PublishError> {
-    let value: serde_json::Value =
+    let value: &RawValue =
         serde_json::from_str(json).map_err(|e| invalid(format!("not valid JSON ({e})")))?;
-    if !value.is_object() {
+    if !value.get().starts_with('{') {
         return Err(invalid("not a JSON object".into()));
     }
     match amqp_value(value, "", 1)? {
@@ -155,13 +232,12 @@ fn invalid(why: String) -> PublishError {
 }
 
 /// `value` (at `path` in the headers, `depth` levels deep) as an AMQP field value; `None`
-/// for `null`.
+/// for `null`. `value` is valid JSON already: only strings' escapes are checked here.
 fn amqp_value(
-    value: serde_json::Value,
+    value: &RawValue,
     path: &str,
     depth: usize,
 ) -> Result<Option<AMQPValue>, PublishError> {
-    use serde_json::Value;
     let nested = |what: &str| {
         if depth > MAX_HEADER_DEPTH {
             Err(invalid(format!(
@@ -172,24 +248,18 @@ fn amqp_value(
             Ok(())
         }
     };
-    Ok(Some(match value {
-        Value::Null => return Ok(None),
-        Value::Bool(flag) => AMQPValue::Boolean(flag),
-        Value::String(text) => long_string(text),
-        Value::Number(number) => match (number.as_i64(), number.as_f64()) {
-            (Some(integer), _) => AMQPValue::LongLongInt(integer),
-            (None, _) if number.is_u64() => {
-                return Err(invalid(format!(
-                    "header {path} is {number}, above the largest AMQP integer \
-                     ({}, a signed 64-bit long-long-int); send it as a string",
-                    i64::MAX
-                )))
-            }
-            (None, Some(float)) => AMQPValue::Double(float),
-            (None, None) => return Err(invalid(format!("header {path} is {number}"))),
-        },
-        Value::Object(map) => {
+    let text = value.get();
+    let parse_error =
+        |e: serde_json::Error| invalid(format!("not valid JSON (header {}: {e})", preview(path)));
+    Ok(Some(match text.as_bytes().first() {
+        Some(b'n') => return Ok(None),
+        Some(b't') => AMQPValue::Boolean(true),
+        Some(b'f') => AMQPValue::Boolean(false),
+        Some(b'"') => long_string(serde_json::from_str(text).map_err(parse_error)?),
+        Some(b'{') => {
             nested("objects")?;
+            let map: BTreeMap<String, &RawValue> =
+                serde_json::from_str(text).map_err(parse_error)?;
             let mut table = FieldTable::default();
             for (key, value) in map {
                 let here = if path.is_empty() {
@@ -210,8 +280,9 @@ fn amqp_value(
             }
             AMQPValue::FieldTable(table)
         }
-        Value::Array(items) => {
+        Some(b'[') => {
             nested("arrays")?;
+            let items: Vec<&RawValue> = serde_json::from_str(text).map_err(parse_error)?;
             let mut array = FieldArray::default();
             for (index, item) in items.into_iter().enumerate() {
                 let here = format!("{path}[{index}]");
@@ -219,7 +290,39 @@ fn amqp_value(
             }
             AMQPValue::FieldArray(array)
         }
+        _ => number(text, path)?,
     }))
+}
+
+/// A JSON number (`text`, its literal) at `path`: an integer literal (no fraction, no
+/// exponent) is a long-long-int or refused, never a double; any other number is the
+/// double nearest its digits (Rust's parser rounds correctly, where serde_json's default
+/// one may be a unit in the last place off), refused beyond a double's range.
+fn number(text: &str, path: &str) -> Result<AMQPValue, PublishError> {
+    if text.contains(['.', 'e', 'E']) {
+        return match text.parse::<f64>() {
+            Ok(float) if float.is_finite() => Ok(AMQPValue::Double(float)),
+            _ => Err(invalid(format!(
+                "header {} is {}, beyond the range of an AMQP double; send it as a string",
+                preview(path),
+                preview(text)
+            ))),
+        };
+    }
+    text.parse::<i64>()
+        .map(AMQPValue::LongLongInt)
+        .map_err(|_| {
+            let (side, bound) = match text.starts_with('-') {
+                true => ("below the smallest", i64::MIN),
+                false => ("above the largest", i64::MAX),
+            };
+            invalid(format!(
+                "header {} is {}, {side} AMQP integer ({bound}, a signed 64-bit long-long-int); \
+             send it as a string",
+                preview(path),
+                preview(text)
+            ))
+        })
 }
 
 /// The first 40 characters of a long header path, for a message that names it.
@@ -320,7 +423,7 @@ mod tests {
             &record(Some(
                 r#"{"prio":5,"neg":-3,"ok":true,"gone":null,"ratio":1.5,"s":"x",
                    "nested":{"a":1,"b":null},"list":[1,"x",null,[false]],
-                   "huge":100000000000000000000}"#,
+                   "e":1e3,"neg_zero":-0}"#,
             )),
             &settings(),
             "room_id",
@@ -332,10 +435,11 @@ mod tests {
         assert_eq!(headers.get("ok"), Some(&AMQPValue::Boolean(true)));
         assert_eq!(headers.get("gone"), None, "null drops the header");
         assert_eq!(headers.get("ratio"), Some(&AMQPValue::Double(1.5)));
+        assert_eq!(headers.get("e"), Some(&AMQPValue::Double(1e3)));
         assert_eq!(
-            headers.get("huge"),
-            Some(&AMQPValue::Double(1e20)),
-            "beyond 64 bits, JSON's reading: a double"
+            headers.get("neg_zero"),
+            Some(&AMQPValue::LongLongInt(0)),
+            "-0 is an integer literal"
         );
         assert_eq!(headers.get("s"), Some(&long_string("x".into())));
         let mut nested = FieldTable::default();
@@ -383,6 +487,158 @@ mod tests {
         }
         let just_deep_enough = format!("{{\"d\":{}1{}}}", "[".repeat(15), "]".repeat(15));
         assert!(properties(&record(Some(&just_deep_enough)), &settings(), "room_id").is_ok());
+    }
+
+    /// serde_json reads an integer beyond 64 bits as the double nearest it: published, the
+    /// consumer would read `1.8446744073709552e19` where the producer wrote
+    /// `18446744073709551879`. Such an integer is refused like one just above `i64::MAX`.
+    #[test]
+    fn integers_beyond_64_bits_are_refused_not_rounded_to_doubles() {
+        for (bad, says) in [
+            (
+                r#"{"a":18446744073709551879}"#,
+                "header \"a\" is 18446744073709551879, above the largest AMQP integer \
+                 (9223372036854775807, a signed 64-bit long-long-int); send it as a string",
+            ),
+            (
+                r#"{"a":{"b":[100000000000000000000]}}"#,
+                "header \"a\".\"b\"[0] is 100000000000000000000, above the largest",
+            ),
+            (
+                r#"{"low":-9223372036854775809}"#,
+                "header \"low\" is -9223372036854775809, below the smallest AMQP integer \
+                 (-9223372036854775808, a signed 64-bit long-long-int); send it as a string",
+            ),
+            (
+                r#"{"low":-18446744073709551879}"#,
+                "header \"low\" is -18446744073709551879, below the smallest",
+            ),
+        ] {
+            let error = properties(&record(Some(bad)), &settings(), "room_id").unwrap_err();
+            assert!(error.is_permanent(), "{bad}: {error}");
+            let error = error.to_string();
+            assert!(error.contains(says), "{says:?} not in {error}");
+        }
+        let digits = format!(r#"{{"n":{}}}"#, "9".repeat(400));
+        let error = properties(&record(Some(&digits)), &settings(), "room_id")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("header \"n\" is 9999") && error.ends_with("send it as a string"),
+            "a long literal is cut, its reason kept: {error}"
+        );
+        assert!(error.len() < 300, "{error}");
+        // The bounds themselves are integers; a double written as one stays a double.
+        let props = properties(
+            &record(Some(
+                r#"{"max":9223372036854775807,"min":-9223372036854775808,
+                   "as_double":1.8446744073709552e19}"#,
+            )),
+            &settings(),
+            "room_id",
+        )
+        .unwrap();
+        let headers = props.headers().as_ref().unwrap().inner();
+        assert_eq!(headers.get("max"), Some(&AMQPValue::LongLongInt(i64::MAX)));
+        assert_eq!(headers.get("min"), Some(&AMQPValue::LongLongInt(i64::MIN)));
+        assert_eq!(
+            headers.get("as_double"),
+            Some(&AMQPValue::Double(1.8446744073709552e19))
+        );
+    }
+
+    /// serde_json's default float parser is fast but not correctly rounded: about a third
+    /// of random doubles, written in their shortest form, come back a unit in the last
+    /// place off (`2.017351698988807e285` read as `2.0173516989888072e285`). A header's
+    /// double is the one its digits name, as the producer's JSON library wrote it.
+    #[test]
+    fn doubles_are_read_exactly_as_written() {
+        for written in [
+            2.017351698988807e285,
+            -4.5331899032281076e51,
+            -5.181469492581746e-160,
+            1.52215880359348e-273,
+            0.1,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            5e-324,
+        ] {
+            let json = format!(r#"{{"d":{written:e},"r":{written:?}}}"#);
+            let props = properties(&record(Some(&json)), &settings(), "room_id").unwrap();
+            let headers = props.headers().as_ref().unwrap().inner();
+            for name in ["d", "r"] {
+                match headers.get(name) {
+                    Some(AMQPValue::Double(read)) => {
+                        assert_eq!(read.to_bits(), written.to_bits(), "{json}: {read:e}")
+                    }
+                    other => panic!("{json}: {other:?}"),
+                }
+            }
+        }
+        let error = properties(&record(Some(r#"{"inf":1e400}"#)), &settings(), "room_id")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("header \"inf\" is 1e400, beyond the range of an AMQP double"),
+            "{error}"
+        );
+    }
+
+    /// A lone surrogate escape is no string: refused naming the header, as JSON that is
+    /// not valid; so is nesting deeper than serde_json's own recursion limit, which is
+    /// named as nesting.
+    #[test]
+    fn invalid_strings_and_very_deep_nesting_name_the_header() {
+        let error = properties(&record(Some(r#"{"s":"\ud800"}"#)), &settings(), "room_id")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("not valid JSON (header \"s\": unexpected end of hex escape"),
+            "{error}"
+        );
+        let deep = format!("{{\"d\":{}1{}}}", "[".repeat(500), "]".repeat(500));
+        let error = properties(&record(Some(&deep)), &settings(), "room_id")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("nests arrays deeper than 16 levels"),
+            "{error}"
+        );
+        let padded =
+            properties(&record(Some(" \n{\"a\" : 1 }\t")), &settings(), "room_id").unwrap();
+        let headers = padded.headers().as_ref().unwrap().inner();
+        assert_eq!(headers.get("a"), Some(&AMQPValue::LongLongInt(1)));
+    }
+
+    /// RabbitMQ closes the whole connection on a content header frame above its
+    /// `frame_max` (128 KiB by default): a row whose headers take more is dead at once
+    /// instead, and the size counted is the one AMQP's encoder writes.
+    #[test]
+    fn properties_larger_than_a_frame_are_permanent_failures() {
+        let big = format!(
+            r#"{{"big":"{}","n":[1,2.5,null,true,{{"k":"v"}}]}}"#,
+            "x".repeat(140_000)
+        );
+        let props = properties(&record(Some(&big)), &settings(), "room_id").unwrap();
+        let encoded =
+            cookie_factory::gen_simple(lapin::protocol::basic::gen_properties(&props), Vec::new())
+                .unwrap();
+        // Flags and properties, plus the frame's 8 bytes and class, weight and body size.
+        assert_eq!(header_frame_bytes(&props), encoded.len() + 8 + 12);
+        let error = check_header_frame(&props, 131_072).unwrap_err();
+        assert!(error.is_permanent());
+        let error = error.to_string();
+        assert!(
+            error.contains(&format!("properties take {} bytes", encoded.len() + 20))
+                && error.contains("above the broker's frame_max of 131072 bytes"),
+            "{error}"
+        );
+        assert!(
+            check_header_frame(&props, 0).is_ok(),
+            "no frame_max negotiated"
+        );
+        let small = properties(&record(Some(r#"{"a":1}"#)), &settings(), "room_id").unwrap();
+        assert!(check_header_frame(&small, 4096).is_ok());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use crate::broker::{Link, Routing};
 use crate::confirms::Confirms;
-use crate::message::{check_body, outbox_properties, OutboxLabels};
+use crate::message::{check_body, check_header_frame, outbox_properties, OutboxLabels};
 use crate::span::PublishSpan;
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
@@ -38,14 +38,22 @@ pub struct AmqpPublisher {
 struct Open {
     channel: Channel,
     confirms: Confirms,
+    /// Its connection's `frame_max`, which a message's properties must fit in.
+    frame_max: u32,
 }
 
 impl AmqpPublisher {
-    pub(crate) fn new(channel: Channel, link: Arc<Link>, routing: Arc<Routing>) -> Self {
+    pub(crate) fn new(
+        channel: Channel,
+        frame_max: u32,
+        link: Arc<Link>,
+        routing: Arc<Routing>,
+    ) -> Self {
         Self {
             channel: Mutex::new(Some(Arc::new(Open {
                 channel,
                 confirms: Confirms::default(),
+                frame_max,
             }))),
             link,
             routing,
@@ -63,12 +71,13 @@ impl AmqpPublisher {
         }
         *slot = None;
         // Boxed, as rare: its futures would otherwise add their size to every publish's.
-        let channel = Box::pin(self.link.confirm_channel())
+        let (channel, frame_max) = Box::pin(self.link.confirm_channel())
             .await
             .map_err(|error| PublishError::Channel(error.to_string()))?;
         let open = Arc::new(Open {
             channel,
             confirms: Confirms::default(),
+            frame_max,
         });
         *slot = Some(Arc::clone(&open));
         Ok(open)
@@ -161,6 +170,8 @@ impl EventPublisher for AmqpPublisher {
         let (properties, span) = PublishSpan::start(record, exchange, &routing_key, properties);
         let handed_off = async {
             let open = within(&mut clock, timeout, pin!(self.channel())).await??;
+            // Refused before anything is written: the broker would close the connection.
+            check_header_frame(&properties, open.frame_max)?;
             // Held until lapin wrote the body: at most HANDOFF_BYTES queued there, so a
             // large body is not held twice for every record in flight (handoff.rs).
             let _queued = within(
