@@ -262,7 +262,9 @@ async fn a_memory_alarm_pauses_publishing_without_duplicates_and_sigterm_still_e
         .wait_all_published(Duration::from_secs(60))
         .await;
     rerun.stop(Duration::from_secs(5)).await;
-    app.expect_every_event("after SIGTERM during an alarm", &later)
+    // A graceful stop during an alarm gives the held rows back unchanged, and the rerun
+    // publishes each once: neither causes a duplicate (docs/operations/failures.md).
+    app.expect_every_event_once("after SIGTERM during an alarm", &later)
         .await;
     app.teardown().await;
 }

@@ -1,10 +1,11 @@
 use outbox_tests::{
-    event, eventually, http_get, seed, Backend, FaultProxy, Load, RelayProcess, TestApp, TestEvent,
+    event, eventually, http_get, seed, Backend, ChildGuard, FaultProxy, Load, OutputInTime as _,
+    RelayProcess, TestApp, TestEvent,
 };
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// The repository's deploy/ directory.
@@ -18,10 +19,8 @@ fn deploy(path: &str) -> PathBuf {
 fn require(binary: &str) {
     let found = Command::new(binary)
         .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
+        .output_in_time()
+        .is_ok_and(|output| output.status.success());
     assert!(
         found,
         "this test needs `{binary}` from Debian's prometheus package: \
@@ -32,7 +31,8 @@ fn require(binary: &str) {
 /// A Prometheus server of the test's own on a free port, scraping `target` every second
 /// as job `outbox-relay` and evaluating deploy/prometheus/alerts.yml; killed on drop.
 struct Prometheus {
-    child: Child,
+    /// Killed on drop.
+    child: ChildGuard,
     address: SocketAddr,
     dir: PathBuf,
 }
@@ -69,7 +69,7 @@ impl Prometheus {
             .spawn()
             .expect("prometheus starts");
         let prometheus = Self {
-            child,
+            child: ChildGuard(child),
             address,
             dir,
         };
@@ -123,8 +123,8 @@ impl Prometheus {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.child.0.kill();
+        let _ = self.child.0.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -206,11 +206,11 @@ fn substitute(expr: &str, outbox: &str, node: &str) -> String {
 #[actix_rt::test]
 async fn every_panel_of_the_dashboard_returns_data_from_a_real_prometheus() {
     require("prometheus");
-    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], 5672))).await;
+    let (proxy, amqp_url) = FaultProxy::in_front_of(&outbox_tests::services::amqp_url()).await;
     let app = TestApp::on(Backend::Postgres)
         .binding("room.#")
         .settings(|settings| {
-            settings.amqp.url = format!("amqp://guest:guest@{}/%2f", proxy.addr);
+            settings.amqp.url = amqp_url.clone();
             settings.metrics.listen = "127.0.0.1:0".into();
             settings.log.format = "json".into();
             // One event retried twice, then dead.
@@ -379,7 +379,7 @@ fn the_alert_rules_pass_their_unit_tests() {
         let output = Command::new("promtool")
             .args(args)
             .current_dir(deploy("prometheus"))
-            .output()
+            .output_in_time()
             .expect("promtool runs");
         assert!(
             output.status.success(),

@@ -195,12 +195,27 @@ impl Figures {
     fn faults(&self) -> usize {
         self.kills + self.stops + self.broker_cuts + self.database_cuts + self.both_cuts
     }
+
+    /// The most duplicates the faults may cause, given a node's in-flight `window` (the
+    /// most rows it holds published but not yet marked: 4 × `relay.batch_size`, README,
+    /// "Limits"), as docs/operations/failures.md counts
+    /// them ("What a fault costs in duplicates"): a duplicate is a row the broker took
+    /// whose outcome was never written, so each fault costs at most the in-flight window
+    /// of every node it hit. A kill: the killed node's window (a both-cut kills one too).
+    /// A broker cut: confirms lost with the connection, at most every node's window
+    /// (a both-cut cuts the broker too). A SIGTERM stop: none (a graceful stop). A
+    /// database cut: none, since it ends long before `relay.lease` (30 s) expires.
+    fn duplicate_bound(&self, window: usize) -> usize {
+        window * (self.kills + self.both_cuts)
+            + NODES * window * (self.broker_cuts + self.both_cuts)
+    }
 }
 
 /// The churn scenario on `backend`, the producer inserting for `duration`, one fault of
 /// [`SCHEDULE`] every [`STEP`] meanwhile.
 async fn churn(backend: Backend, duration: Duration) {
     let app = TestApp::on(backend).build().await;
+    let window = 4 * usize::try_from(app.settings.relay.batch_size).expect("a batch size");
     let (database_proxy, database_url) = FaultProxy::in_front_of(&app.settings.database.url).await;
     let (broker_proxy, broker_url) = FaultProxy::in_front_of(&app.settings.amqp.url).await;
     let mut nodes: Vec<Node> = (0..NODES)
@@ -269,8 +284,10 @@ async fn churn(backend: Backend, duration: Duration) {
     let events = producer.await.expect("the producer finished");
     let produced = Instant::now();
 
-    let received = app.broker.wait_for_each(&events, DRAIN).await;
+    app.broker.wait_for_each(&events, DRAIN).await;
     let drained = produced.elapsed();
+    // Settled, so a late duplicate is counted too.
+    let received = app.broker.drain(Duration::from_secs(30)).await;
     for node in &mut nodes {
         node.assert_running("by the end of the run");
     }
@@ -286,7 +303,7 @@ async fn churn(backend: Backend, duration: Duration) {
         "churn ({backend:?}, {} s, {NODES} nodes): {} events, {} faults (kill -9 and restart: {}, \
          SIGTERM and restart: {}, broker cut: {}, database cut: {}, both cut with a restart \
          during the cut: {}), {} deliveries, {} duplicates, {} order violations, {} lost; every \
-         event delivered {:.1} s after the producer stopped; slowest SIGTERM stop {:.2} s; \
+         event delivered {:.1} s after the producer stopped (duplicates allowed: {}); slowest SIGTERM stop {:.2} s; \
          connections refused while down: {} broker, {} database",
         duration.as_secs(),
         events.len(),
@@ -301,6 +318,7 @@ async fn churn(backend: Backend, duration: Duration) {
         order.violations.len(),
         lost.len(),
         drained.as_secs_f64(),
+        figures.duplicate_bound(window),
         figures.slowest_stop.as_secs_f64(),
         broker_proxy.refused(),
         database_proxy.refused(),
@@ -316,6 +334,12 @@ async fn churn(backend: Backend, duration: Duration) {
         "per-room order broken {} times, the first: {:?}",
         order.violations.len(),
         &order.violations[..order.violations.len().min(5)]
+    );
+    assert!(
+        order.duplicates <= figures.duplicate_bound(window),
+        "{} duplicates, more than the faults' in-flight windows allow ({}: {figures:?})",
+        order.duplicates,
+        figures.duplicate_bound(window)
     );
     assert!(
         figures.kills > 0

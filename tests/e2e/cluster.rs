@@ -59,8 +59,12 @@ async fn with_two_brokers_the_relay_starts_on_the_one_that_answers_and_fails_ove
         connected[0].contains(&second.addr.to_string()),
         "logs the broker it connected to: {connected:?}"
     );
+    let password = url::Url::parse(&amqp_url())
+        .expect("a URL")
+        .password()
+        .map(str::to_owned);
     assert!(
-        !connected[0].contains("guest:guest"),
+        password.is_none_or(|password| !connected[0].contains(&format!(":{password}@"))),
         "masked: {connected:?}"
     );
 

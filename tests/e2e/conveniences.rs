@@ -225,15 +225,17 @@ async fn logs_have_no_escape_codes_when_stderr_is_a_file() {
     let database = TestDatabase::new(Backend::Sqlite).await;
     let file = SettingsFile::write(&logging_settings(&database));
     let log = std::env::temp_dir().join(format!("{}.log", unique_name("plain")));
-    let status = relay(&["purge", "--older-than", "1h", "--config"])
+    let child = relay(&["purge", "--older-than", "1h", "--config"])
         .arg(&file.path)
         // NO_COLOR would turn colours off by itself: leave the terminal test alone.
         .env_remove("NO_COLOR")
         .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log file"))
-        .status()
+        .spawn()
         .expect("runs");
+    let status = outbox_tests::finish_within(child, "purge", outbox_tests::CHILD_DEADLINE).status;
     let logged = std::fs::read_to_string(&log).expect("log written");
     let _ = std::fs::remove_file(&log);
     assert!(status.success(), "{status:?}\n{logged}");

@@ -166,9 +166,11 @@ async fn postgres_wake_ups_deliver_without_waiting_for_the_poll() {
     app.broker.wait_for(2, Duration::from_secs(10)).await;
     let waited = inserted.elapsed();
     app.stop().await;
-    assert!(
-        waited < Duration::from_secs(5),
-        "delivered after {waited:?}, not at the 60 s poll"
+    // A wake-up's bound on an idle relay (docs/design/tests.md), far below the 60 s poll.
+    outbox_tests::assert_within(
+        "insert → delivery by a wake-up, not the poll",
+        waited,
+        Duration::from_secs(1),
     );
     app.teardown().await;
 }

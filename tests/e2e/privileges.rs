@@ -156,7 +156,8 @@ async fn a_dml_only_role_relays_and_a_missing_privilege_is_named(backend: Backen
     );
 
     let relay = RelayProcess::spawn(crate::RELAY, &settings);
-    app.expect_every_event(&format!("{backend:?}: a DML-only role"), &events)
+    // Least privilege changes nothing of what the relay promises: no duplicates either.
+    app.expect_every_event_once(&format!("{backend:?}: a DML-only role"), &events)
         .await;
     relay.stop(Duration::from_secs(5)).await;
 

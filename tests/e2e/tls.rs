@@ -69,9 +69,15 @@ async fn amqps_with_a_wrong_ca_fails_fast_with_a_certificate_error() {
     let status = relay.wait(Duration::from_secs(15)).await;
     let log = relay.log_text();
     assert_eq!(status.code(), Some(2), "{log}");
-    // guest's password is "guest": masked where it stands, the user name kept.
+    // The password masked where it stands, the user name kept.
+    let user = url::Url::parse(&proxy.amqps_url())
+        .expect("a URL")
+        .username()
+        .to_owned();
     assert!(
-        log.contains("cannot connect to RabbitMQ at amqp.url (amqps://guest:***@localhost:"),
+        log.contains(&format!(
+            "cannot connect to RabbitMQ at amqp.url (amqps://{user}:***@localhost:"
+        )),
         "names the broker, password redacted: {log}"
     );
     assert!(
@@ -86,6 +92,7 @@ async fn amqps_with_a_wrong_ca_fails_fast_with_a_certificate_error() {
 #[test]
 fn a_missing_ca_file_exits_2_naming_the_key() {
     let mut settings = outbox_relay::settings::Settings::default();
+    // Never contacted: the missing CA file fails the settings first.
     settings.amqp.url = "amqps://guest:guest@localhost:5671/%2f".into();
     settings.amqp.tls_ca_file = "/nonexistent/ca.pem".into();
     let output = outbox_tests::run_binary(crate::RELAY, &settings, &["check-config"]);

@@ -198,6 +198,16 @@ impl TestApp {
         duplicates
     }
 
+    /// [`TestApp::expect_every_event`], and no duplicate: for a run with no crash, where
+    /// the docs promise none.
+    pub async fn expect_every_event_once(&self, test: &str, events: &[NewEvent]) {
+        let duplicates = self.expect_every_event(test, events).await;
+        assert_eq!(
+            duplicates, 0,
+            "{test}: {duplicates} duplicate deliveries, where the docs promise none"
+        );
+    }
+
     /// Stops the relay if it still runs, then deletes the exchange (the queue goes with
     /// it) and the table. Call at the end of a passing test; after a failing one the
     /// database's and the broker's drop guards do the same.

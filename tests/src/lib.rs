@@ -26,9 +26,12 @@ pub use load::Load;
 pub use proxy::FaultProxy;
 pub use relay::{
     finish_within, http_get, output_within, run_binary, run_binary_with_env, settings_env,
-    ChildGuard, InProcessRelay, OutputInTime, RelayProcess, SettingsFile, CHILD_DEADLINE,
+    succeeds_quietly_within, ChildGuard, InProcessRelay, OutputInTime, RelayProcess, SettingsFile,
+    CHILD_DEADLINE,
 };
-pub use services::{assert_within, non_loopback_address, server_of, skip, through, within, MARGIN};
+pub use services::{
+    assert_within, non_loopback_address, server_of, skip, through, within, AT_ONCE, MARGIN,
+};
 pub use tls_proxy::{TestCa, TlsProxy};
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -155,4 +158,21 @@ pub fn assert_every_event_delivered(
         );
     }
     duplicates
+}
+
+/// Checks that every one of `events` was delivered exactly once (none lost, none twice)
+/// and that each room's deliveries came in id order: what a run without a crash promises
+/// (README, "What it promises"; docs/operations/failures.md, "What a fault costs in
+/// duplicates"). `received` must be the settled queue ([`TestBroker::drain`]), so a late
+/// duplicate is counted too.
+pub fn assert_delivered_once(what: &str, received: &[Received], events: &[outbox_store::NewEvent]) {
+    let duplicates = assert_every_event_delivered(received, events);
+    assert_eq!(
+        duplicates,
+        0,
+        "{what}: {duplicates} duplicate deliveries ({} deliveries for {} events), where the \
+         docs promise none",
+        received.len(),
+        events.len()
+    );
 }

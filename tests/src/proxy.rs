@@ -32,7 +32,8 @@ struct State {
 }
 
 impl FaultProxy {
-    /// Starts a proxy to `target` (e.g. `127.0.0.1:5672`) on the current runtime.
+    /// Starts a proxy to `target` (a test service's address, [`crate::server_of`]) on the
+    /// current runtime.
     pub async fn start(target: SocketAddr) -> Self {
         Self::start_on(std::net::Ipv4Addr::LOCALHOST.into(), target).await
     }

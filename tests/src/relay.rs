@@ -164,6 +164,32 @@ impl OutputInTime for std::process::Command {
     }
 }
 
+/// For teardown (a `Drop`, perhaps while a failed test unwinds, where a panic would abort):
+/// runs `command` (its output discarded) to its end, killed past `deadline`; never
+/// panics. Whether it ran and exited successfully in time.
+pub fn succeeds_quietly_within(command: &mut std::process::Command, deadline: Duration) -> bool {
+    let Ok(child) = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    // Killed and reaped on every way out.
+    let mut child = ChildGuard(child);
+    let until = std::time::Instant::now() + deadline;
+    loop {
+        match child.0.try_wait() {
+            Ok(Some(status)) => return status.success(),
+            Ok(None) if std::time::Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => return false,
+        }
+    }
+}
+
 /// A child process killed (and reaped) when dropped, so a failing test leaves none behind.
 pub struct ChildGuard(pub std::process::Child);
 
@@ -316,11 +342,15 @@ impl RelayProcess {
 
     /// Sends `signal` (`TERM`, `KILL`, …).
     pub fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill")
+        let output = std::process::Command::new("kill")
             .args([&format!("-{signal}"), &self.child.id().to_string()])
-            .status()
+            .output_in_time()
             .expect("kill runs");
-        assert!(status.success(), "kill -{signal} failed");
+        assert!(
+            output.status.success(),
+            "kill -{signal} failed: {}",
+            crate::output::stderr(&output)
+        );
     }
 
     /// Its exit status if it has exited, without waiting.
@@ -337,6 +367,7 @@ impl RelayProcess {
             }
             if std::time::Instant::now() > until {
                 let _ = self.child.kill();
+                let _ = self.child.wait();
                 panic!(
                     "relay did not exit within {deadline:?}; its log:\n{}",
                     self.log_text()

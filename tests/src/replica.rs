@@ -3,13 +3,16 @@
 //! `read_only` the test may flip. Each lives in a temporary directory on free loopback
 //! ports and is stopped and removed on drop, also when the test fails.
 
-use crate::relay::OutputInTime as _;
+use crate::relay::{succeeds_quietly_within, ChildGuard, OutputInTime as _};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// The longest a server's stop may take in teardown (`pg_ctl -m immediate`, a kill).
+const STOP_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A loopback port free right now.
 fn free_port() -> u16 {
@@ -40,11 +43,16 @@ fn run_as(user: &str, program: &str, args: &[&str]) {
 fn owned_dir(prefix: &str, user: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(crate::unique_name(prefix));
     std::fs::create_dir_all(&dir).expect("temporary directory");
-    let status = Command::new("chown")
+    let output = Command::new("chown")
         .args([user, &dir.display().to_string()])
-        .status()
+        .output_in_time()
         .expect("chown runs");
-    assert!(status.success(), "chown {user} {}", dir.display());
+    assert!(
+        output.status.success(),
+        "chown {user} {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
     dir
 }
 
@@ -206,12 +214,12 @@ impl PgPair {
 impl Drop for PgPair {
     fn drop(&mut self) {
         for name in ["standby", "primary"] {
-            let _ = Command::new("runuser")
-                .args(["-u", "postgres", "--", &format!("{PG_BIN}/pg_ctl")])
-                .args(["-D", &self.data(name), "-m", "immediate", "-w", "stop"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            succeeds_quietly_within(
+                Command::new("runuser")
+                    .args(["-u", "postgres", "--", &format!("{PG_BIN}/pg_ctl")])
+                    .args(["-D", &self.data(name), "-m", "immediate", "-w", "stop"]),
+                STOP_DEADLINE,
+            );
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -225,7 +233,8 @@ pub struct MariaServer {
     dir: PathBuf,
     /// Its port.
     pub port: u16,
-    child: std::process::Child,
+    /// `runuser … mariadbd`, killed on drop.
+    child: ChildGuard,
 }
 
 impl MariaServer {
@@ -262,7 +271,11 @@ impl MariaServer {
             .stderr(std::fs::File::create(dir.join("mysqld.log")).expect("log file"))
             .spawn()
             .expect("mariadbd starts");
-        let server = Self { dir, port, child };
+        let server = Self {
+            dir,
+            port,
+            child: ChildGuard(child),
+        };
         let until = std::time::Instant::now() + Duration::from_secs(30);
         while !server.sql_ok("SELECT 1") {
             assert!(
@@ -289,10 +302,8 @@ impl MariaServer {
             .args(["--no-defaults", "-uroot", "-S"])
             .arg(self.socket())
             .args(["-e", sql])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
+            .output_in_time()
+            .is_ok_and(|output| output.status.success())
     }
 
     /// Runs `sql` as root; panics when it fails.
@@ -318,11 +329,14 @@ impl MariaServer {
 
 impl Drop for MariaServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.child.0.kill();
+        let _ = self.child.0.wait();
         // runuser's child, mariadbd, may outlive runuser: stop it by its pid file.
         if let Ok(pid) = std::fs::read_to_string(self.dir.join("mysqld.pid")) {
-            let _ = Command::new("kill").arg("-9").arg(pid.trim()).status();
+            succeeds_quietly_within(
+                Command::new("kill").arg("-9").arg(pid.trim()),
+                STOP_DEADLINE,
+            );
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -12,6 +12,11 @@ use std::time::Duration;
 /// when it needed the margin ([`assert_within`]).
 pub const MARGIN: Duration = Duration::from_secs(3);
 
+/// The bound the tests read into the docs' "at once" for a command that fails or answers
+/// without waiting (a refused login, a port nobody listens on, `--offline`): a process
+/// start, a connection and an answer. Asserted with [`assert_within`], as any bound.
+pub const AT_ONCE: Duration = Duration::from_secs(2);
+
 /// `bound + MARGIN`: the longest a test waits for something the docs promise within `bound`.
 pub fn within(bound: Duration) -> Duration {
     bound + MARGIN

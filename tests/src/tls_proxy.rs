@@ -70,7 +70,8 @@ pub struct TlsProxy {
 }
 
 impl TlsProxy {
-    /// Starts a proxy to `target` (e.g. `127.0.0.1:5672`) on the current runtime.
+    /// Starts a proxy to `target` (the test broker's address, [`crate::server_of`]) on the
+    /// current runtime.
     pub async fn start(target: SocketAddr) -> Self {
         let ca = TestCa::new("outbox-relay test CA");
         let acceptor = TlsAcceptor::from(Arc::new(ca.server_config()));
@@ -97,8 +98,13 @@ impl TlsProxy {
         Self { addr, ca }
     }
 
-    /// `amqps://guest:guest@localhost:PORT/%2f`: the local broker through this proxy.
+    /// The test broker's URL (`OUTBOX_TEST_AMQP_URL`: its user, password and vhost) as
+    /// `amqps://…@localhost:PORT/…`, through this proxy (its certificate names localhost).
     pub fn amqps_url(&self) -> String {
-        format!("amqps://guest:guest@localhost:{}/%2f", self.addr.port())
+        let mut url = url::Url::parse(&crate::services::amqp_url()).expect("a URL");
+        url.set_scheme("amqps").expect("amqps");
+        url.set_host(Some("localhost")).expect("a host");
+        url.set_port(Some(self.addr.port())).expect("a port");
+        url.into()
     }
 }
