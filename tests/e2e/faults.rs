@@ -302,3 +302,74 @@ async fn a_reconnect_declares_a_deleted_exchange_again_and_says_so_once() {
     relay.stop(within(Duration::from_secs(5))).await;
     app.teardown().await;
 }
+
+/// A broker that stops answering without closing its connections (a hung node: a stalled
+/// VM, a paused runtime), with another in `amqp.url`: after three publishes in a row time
+/// out, the connection is taken for dead and publishing goes on through the other.
+#[actix_rt::test]
+async fn a_broker_that_stops_answering_gives_way_to_the_next_in_the_list() {
+    let first = FaultProxy::start(server_of(&amqp_url())).await;
+    let second = FaultProxy::start(server_of(&amqp_url())).await;
+    let publish_timeout = Duration::from_secs(1);
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            let urls = [
+                through(first.addr, &settings.amqp.url),
+                through(second.addr, &settings.amqp.url),
+            ];
+            settings.amqp.url = urls.join(",");
+            settings.relay.publish_timeout = "1s".into();
+            settings.relay.retry_interval = "200ms".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(&room_events("before", 100, 10))
+        .build()
+        .await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    app.broker.wait_for(100, Duration::from_secs(60)).await;
+    // The relay starts on either (a random one per process): hang that one.
+    let (hung, other) = match first.accepted() > 0 {
+        true => (&first, &second),
+        false => (&second, &first),
+    };
+    assert!(
+        hung.accepted() > 0,
+        "the relay is connected through a proxy"
+    );
+    let before = other.accepted();
+    hung.stall();
+    let stalled = Instant::now();
+    let during = room_events("during", 40, 10);
+    outbox_tests::seed(&app.database, &during).await;
+    let received = app
+        .broker
+        .wait_for_each(&during, Duration::from_secs(60))
+        .await;
+    // Three timeouts (publish_timeout each, in flight together), then a connection to the
+    // other broker and the retries after retry_interval.
+    assert_within(
+        "publishing through the other broker after one stopped answering",
+        stalled.elapsed(),
+        publish_timeout * 2 + Duration::from_millis(500),
+    );
+    outbox_tests::assert_every_event_delivered(&received, &during);
+    assert!(other.accepted() > before, "connected to the other broker");
+    let lost = relay.log_lines("broker connection lost");
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    let reason = lost[0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("no confirm within 1s") && reason.contains("taken for dead"),
+        "{reason}"
+    );
+    assert_eq!(relay.log_lines("broker connection re-established").len(), 1);
+    for row in app.database.rows().await {
+        assert_eq!(
+            row.retry_count, 0,
+            "a hung broker costs no attempt: {}",
+            row.event_id
+        );
+    }
+    hung.restore();
+    relay.stop(within(Duration::from_secs(3))).await;
+    app.teardown().await;
+}

@@ -6,6 +6,7 @@ use crate::handoff::Handoff;
 use crate::message::MessageSettings;
 use crate::outage::Outage;
 use crate::publisher::AmqpPublisher;
+use crate::silence::{Silence, DEAD_AFTER};
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::tcp::OwnedTLSConfig;
 use lapin::types::FieldTable;
@@ -177,6 +178,8 @@ pub(crate) struct Link {
     handoff: Handoff,
     /// Whether the broker is away, and what waited for it.
     outage: Outage,
+    /// Which connection publishes are on, and its publish timeouts since its last confirm.
+    silence: Silence,
 }
 
 #[derive(Debug)]
@@ -231,11 +234,14 @@ impl Broker {
         let blocking = Blocking::default();
         let follower = blocking.follow(&connection, &broker.redacted);
         let connected_to = broker.redacted.clone();
+        let silence = Silence::default();
+        silence.connected();
         let link = Link {
             exchanges: std::sync::Mutex::new(declared),
             blocking,
             handoff: Handoff::default(),
             outage: Outage::default(),
+            silence,
             settings,
             state: Mutex::new(LinkState {
                 connection: Some(Arc::new(connection)),
@@ -262,13 +268,8 @@ impl Broker {
     /// [`Broker::publisher`] for one outbox: its messages go and are labelled as `routing`
     /// says, on this one connection.
     pub async fn publisher_for(&self, routing: Arc<Routing>) -> Result<AmqpPublisher, AmqpError> {
-        let (channel, frame_max) = self.link.confirm_channel().await?;
-        Ok(AmqpPublisher::new(
-            channel,
-            frame_max,
-            Arc::clone(&self.link),
-            routing,
-        ))
+        let opened = self.link.confirm_channel().await?;
+        Ok(AmqpPublisher::new(opened, Arc::clone(&self.link), routing))
     }
 
     /// Whether the link is usable: the connection is open, or was down and opened again now
@@ -456,10 +457,15 @@ impl Link {
 
     /// The current connection, reconnecting when it is gone and the backoff allows.
     async fn connection(&self) -> Result<Arc<Connection>, AmqpError> {
+        Ok(self.current().await?.0)
+    }
+
+    /// [`Link::connection`], and its number (`silence.rs`).
+    async fn current(&self) -> Result<(Arc<Connection>, u64), AmqpError> {
         let mut state = self.state.lock().await;
         if let Some(connection) = &state.connection {
             if connection.status().connected() {
-                return Ok(Arc::clone(connection));
+                return Ok((Arc::clone(connection), self.silence.generation()));
             }
             state.connection = None;
             state.drop_follower();
@@ -479,8 +485,9 @@ impl Link {
                 state.connection = Some(Arc::clone(&connection));
                 state.connected_to = broker.redacted.clone();
                 state.backoff.reset();
+                let generation = self.silence.connected();
                 self.outage.end(&broker.redacted);
-                Ok(connection)
+                Ok((connection, generation))
             }
             Err(error) => {
                 state.next_attempt = Instant::now() + state.backoff.next_delay();
@@ -492,6 +499,46 @@ impl Link {
                 Err(error)
             }
         }
+    }
+
+    /// The number of the connection publishes are on now (`silence.rs`).
+    pub(crate) fn generation(&self) -> u64 {
+        self.silence.generation()
+    }
+
+    /// The broker confirmed a publish on connection `generation`.
+    pub(crate) fn confirmed(&self, generation: u64) {
+        self.silence.confirmed(generation);
+    }
+
+    /// A publish on connection `generation` timed out. The [`DEAD_AFTER`]th in a row
+    /// there drops that connection as dead and an outage begins: the next publish
+    /// connects again, to the next broker of `amqp.url` first. The old connection is
+    /// closed in the background, as a broker that stopped answering may never confirm the
+    /// close.
+    pub(crate) async fn timed_out(&self, generation: u64) {
+        if !self.silence.timed_out(generation) {
+            return;
+        }
+        let mut state = self.state.lock().await;
+        if self.silence.generation() != generation {
+            return;
+        }
+        let Some(connection) = state.connection.take() else {
+            return;
+        };
+        state.drop_follower();
+        self.blocking.forget(&state.connected_to);
+        let why = format!(
+            "{DEAD_AFTER} publishes in a row got no confirm within {:?}: the broker stopped \
+             answering, its connection is taken for dead",
+            self.settings.publish_timeout
+        );
+        self.outage.begin(&state.connected_to, &why);
+        tokio::spawn(async move {
+            let closing = connection.close(320, "no confirms: taken for dead".into());
+            let _ = tokio::time::timeout(crate::publisher::CLOSE_TIMEOUT, closing).await;
+        });
     }
 
     /// Checks once that `exchange` (of type `exchange_type`) exists (a passive declare on a
@@ -556,10 +603,9 @@ impl Link {
         self.exchanges.lock().unwrap().remove(exchange);
     }
 
-    /// A new channel in confirm mode on the current connection, and that connection's
-    /// negotiated `frame_max`.
-    pub(crate) async fn confirm_channel(&self) -> Result<(Channel, u32), AmqpError> {
-        let connection = self.connection().await?;
+    /// A new channel in confirm mode on the current connection.
+    pub(crate) async fn confirm_channel(&self) -> Result<ConfirmChannel, AmqpError> {
+        let (connection, generation) = self.current().await?;
         let channel = connection
             .create_channel()
             .await
@@ -568,8 +614,21 @@ impl Link {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(AmqpError::Channel)?;
-        Ok((channel, connection.configuration().frame_max()))
+        Ok(ConfirmChannel {
+            channel,
+            frame_max: connection.configuration().frame_max(),
+            generation,
+        })
     }
+}
+
+/// A confirm-mode channel and what a publisher needs to know of its connection.
+pub(crate) struct ConfirmChannel {
+    pub(crate) channel: Channel,
+    /// The connection's negotiated `frame_max`.
+    pub(crate) frame_max: u32,
+    /// The connection's number (`silence.rs`).
+    pub(crate) generation: u64,
 }
 
 /// Whether the broker answered and refused the connection: the login (`ACCESS_REFUSED`),

@@ -23,6 +23,7 @@ pub mod message;
 mod outage;
 pub mod preflight;
 pub mod publisher;
+mod silence;
 pub mod span;
 pub mod tap;
 

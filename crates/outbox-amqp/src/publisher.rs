@@ -1,6 +1,6 @@
 //! [`AmqpPublisher`]: the [`EventPublisher`] port on one confirm channel.
 
-use crate::broker::{Link, Routing};
+use crate::broker::{ConfirmChannel, Link, Routing};
 use crate::confirms::Confirms;
 use crate::message::{check_body, check_header_frame, outbox_properties, OutboxLabels};
 use crate::span::PublishSpan;
@@ -40,21 +40,26 @@ struct Open {
     confirms: Confirms,
     /// Its connection's `frame_max`, which a message's properties must fit in.
     frame_max: u32,
+    /// Its connection's number: a channel on a connection the link dropped as dead is
+    /// replaced even while it still looks open.
+    generation: u64,
+}
+
+impl From<ConfirmChannel> for Open {
+    fn from(opened: ConfirmChannel) -> Self {
+        Self {
+            channel: opened.channel,
+            confirms: Confirms::default(),
+            frame_max: opened.frame_max,
+            generation: opened.generation,
+        }
+    }
 }
 
 impl AmqpPublisher {
-    pub(crate) fn new(
-        channel: Channel,
-        frame_max: u32,
-        link: Arc<Link>,
-        routing: Arc<Routing>,
-    ) -> Self {
+    pub(crate) fn new(opened: ConfirmChannel, link: Arc<Link>, routing: Arc<Routing>) -> Self {
         Self {
-            channel: Mutex::new(Some(Arc::new(Open {
-                channel,
-                confirms: Confirms::default(),
-                frame_max,
-            }))),
+            channel: Mutex::new(Some(Arc::new(Open::from(opened)))),
             link,
             routing,
         }
@@ -63,22 +68,17 @@ impl AmqpPublisher {
     /// The open channel and its confirms, or a new one.
     async fn channel(&self) -> Result<Arc<Open>, PublishError> {
         let mut slot = self.channel.lock().await;
-        if let Some(open) = slot
-            .as_ref()
-            .filter(|open| open.channel.status().connected())
-        {
+        if let Some(open) = slot.as_ref().filter(|open| {
+            open.channel.status().connected() && open.generation == self.link.generation()
+        }) {
             return Ok(Arc::clone(open));
         }
         *slot = None;
         // Boxed, as rare: its futures would otherwise add their size to every publish's.
-        let (channel, frame_max) = Box::pin(self.link.confirm_channel())
+        let opened = Box::pin(self.link.confirm_channel())
             .await
             .map_err(|error| PublishError::Channel(error.to_string()))?;
-        let open = Arc::new(Open {
-            channel,
-            confirms: Confirms::default(),
-            frame_max,
-        });
+        let open = Arc::new(Open::from(opened));
         *slot = Some(Arc::clone(&open));
         Ok(open)
     }
@@ -154,6 +154,7 @@ impl EventPublisher for AmqpPublisher {
         // Nor to a broker that is away: the publish waits for it before its clock starts,
         // so an outage fails no event and costs none an attempt (outage.rs).
         self.link.reachable().await;
+        let generation = self.link.generation();
         let mut clock: Clock = Box::pin(self.link.blocking().clock(timeout));
         within(
             &mut clock,
@@ -205,6 +206,10 @@ impl EventPublisher for AmqpPublisher {
                 if matches!(error, PublishError::Channel(_)) {
                     self.link.outage().lost_one();
                 }
+                // Not even handed to the connection in time: it may have stopped answering.
+                if matches!(error, PublishError::Timeout(_)) {
+                    self.link.timed_out(generation).await;
+                }
                 span.end(Err(&error));
                 return Err(error);
             }
@@ -251,6 +256,13 @@ impl EventPublisher for AmqpPublisher {
                     "the channel is not in confirm mode".into(),
                 )),
             };
+            match &outcome {
+                Err(PublishError::Timeout(_)) => link.timed_out(open.generation).await,
+                Ok(()) | Err(PublishError::Unroutable { .. } | PublishError::Nacked { .. }) => {
+                    link.confirmed(open.generation)
+                }
+                Err(_) => {}
+            }
             span.end(outcome.as_ref().map(|_| ()));
             outcome
         }))
