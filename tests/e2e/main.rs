@@ -79,6 +79,9 @@ mod producer;
 mod promises;
 /// `relay.published_rows = "delete"`: confirmed rows deleted, the held and the dead kept.
 mod published_rows;
+/// A real three-node RabbitMQ cluster of the test's own, a quorum queue, and a node's
+/// loss under load: nothing lost, rooms in order, duplicates within the in-flight window.
+mod rabbitmq_cluster;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.
 mod retention;
 /// Passwords never reach `check-config`, logs or error messages; from the environment they

@@ -13,6 +13,7 @@ pub mod otlp;
 pub mod output;
 pub mod producer_table;
 pub mod proxy;
+pub mod rabbit_cluster;
 pub mod relay;
 pub mod replica;
 pub mod services;

@@ -16,6 +16,12 @@ pub struct Load {
 impl Load {
     /// Starts inserting into `database`'s table.
     pub fn start(database: &TestDatabase, per_tick: usize, tick: Duration) -> Self {
+        Self::named("load", database, per_tick, tick)
+    }
+
+    /// [`Load::start`], its event ids beginning with `prefix` (one per load on a table).
+    pub fn named(prefix: &str, database: &TestDatabase, per_tick: usize, tick: Duration) -> Self {
+        let prefix = prefix.to_owned();
         let running = Rc::new(AtomicBool::new(true));
         let inserted = Rc::new(AtomicU64::new(0));
         let (db, table) = (database.db().clone(), database.table.clone());
@@ -26,7 +32,7 @@ impl Load {
             while going.load(Ordering::SeqCst) {
                 ticks.tick().await;
                 let events: Vec<_> = (0..per_tick)
-                    .map(|i| event(&format!("load-{n:06}-{i}"), &format!("room-{i}")))
+                    .map(|i| event(&format!("{prefix}-{n:06}-{i}"), &format!("room-{i}")))
                     .collect();
                 outbox_store::insert_events(&db, &table, &events)
                     .await

@@ -1,0 +1,271 @@
+//! A RabbitMQ cluster of the test's own: nodes on this machine beside its broker, each
+//! with its own node name, AMQP and distribution ports, data and log directories, run as
+//! the `rabbitmq` user (whose Erlang cookie they share), clustered with `join_cluster`,
+//! and stopped and deleted when dropped, also when the test fails. The machine's own
+//! broker is not touched. Its own settings file (the machine's pins the listener to 5672)
+//! lets `guest` in from loopback only, as RabbitMQ's default does.
+
+use crate::output::stderr;
+use crate::{unique_name, OutputInTime as _};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// How long a node may take to start (about 15 s on this machine; more under load).
+const START_DEADLINE: Duration = Duration::from_secs(90);
+
+/// One node.
+#[derive(Debug)]
+pub struct RabbitNode {
+    /// `rabbit-…@localhost`.
+    pub name: String,
+    /// Its AMQP port on 127.0.0.1.
+    pub amqp_port: u16,
+    /// Its Erlang distribution port.
+    dist_port: u16,
+    /// Its settings, data and logs.
+    dir: PathBuf,
+}
+
+/// Three (or more) clustered nodes.
+#[derive(Debug)]
+pub struct RabbitCluster {
+    /// The nodes, the first the one the others joined.
+    pub nodes: Vec<RabbitNode>,
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Runs `rabbitmqctl -n node args`; its stdout, or the failure's output.
+pub fn rabbitmqctl_on(node: &str, args: &[&str]) -> Result<String, String> {
+    let output = Command::new("rabbitmqctl")
+        .args(["-n", node])
+        .args(args)
+        .output_in_time()
+        .map_err(|error| format!("rabbitmqctl runs: {error}"))?;
+    match output.status.success() {
+        true => Ok(String::from_utf8_lossy(&output.stdout).into_owned()),
+        false => Err(format!(
+            "rabbitmqctl -n {node} {args:?}: {}",
+            stderr(&output)
+        )),
+    }
+}
+
+impl RabbitNode {
+    fn new(prefix: &str, n: usize) -> Self {
+        let name = format!("{prefix}-{n}@localhost");
+        let dir = std::env::temp_dir().join(format!("{prefix}-{n}"));
+        Self {
+            name,
+            amqp_port: free_port(),
+            dist_port: free_port(),
+            dir,
+        }
+    }
+
+    /// Its AMQP URL as `guest`.
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
+    }
+
+    /// Writes its settings and starts it, detached; [`RabbitNode::await_startup`] waits.
+    fn launch(&self) {
+        for sub in ["mnesia", "log"] {
+            std::fs::create_dir_all(self.dir.join(sub)).expect("node directories");
+        }
+        std::fs::write(
+            self.dir.join("rabbitmq.conf"),
+            format!("listeners.tcp.local = 127.0.0.1:{}\n", self.amqp_port),
+        )
+        .expect("node settings");
+        std::fs::write(self.dir.join("enabled_plugins"), "").expect("no plugins");
+        let chown = Command::new("chown")
+            .args(["-R", "rabbitmq:rabbitmq"])
+            .arg(&self.dir)
+            .output_in_time()
+            .expect("chown runs");
+        assert!(chown.status.success(), "chown: {}", stderr(&chown));
+        let dir = self.dir.display();
+        let output = Command::new("runuser")
+            .args(["-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq"])
+            .arg(format!("RABBITMQ_NODENAME={}", self.name))
+            .arg(format!("RABBITMQ_CONFIG_FILE={dir}/rabbitmq"))
+            .arg(format!(
+                "RABBITMQ_ENABLED_PLUGINS_FILE={dir}/enabled_plugins"
+            ))
+            .arg(format!("RABBITMQ_MNESIA_BASE={dir}/mnesia"))
+            .arg(format!("RABBITMQ_LOG_BASE={dir}/log"))
+            .arg(format!("RABBITMQ_DIST_PORT={}", self.dist_port))
+            .args(["rabbitmq-server", "-detached"])
+            .output_in_time()
+            .expect("rabbitmq-server runs (RabbitMQ's package installed, run as root)");
+        assert!(
+            output.status.success(),
+            "rabbitmq-server {}: {}",
+            self.name,
+            stderr(&output)
+        );
+    }
+
+    /// Waits until it has started (it registers with epmd a moment after `-detached`).
+    fn await_startup(&self) {
+        let until = Instant::now() + START_DEADLINE;
+        loop {
+            match rabbitmqctl_on(&self.name, &["await_startup", "--timeout", "30"]) {
+                Ok(_) => return,
+                Err(error) if Instant::now() > until => {
+                    panic!(
+                        "node {} did not start within {START_DEADLINE:?}: {error}",
+                        self.name
+                    )
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    }
+
+    /// Sends `signal` to its runtime's process.
+    fn signal(&self, pid: u32, signal: &str) {
+        let output = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .output_in_time()
+            .expect("kill runs");
+        assert!(
+            output.status.success(),
+            "kill -{signal} {pid}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+impl RabbitCluster {
+    /// Starts `size` nodes and clusters them. Blocking: call it off the test's runtime
+    /// (`spawn_blocking`) if a proxy the nodes need runs there.
+    pub fn start(size: usize) -> Self {
+        let prefix = unique_name("rabbit-e2e").replace('_', "-");
+        let nodes: Vec<RabbitNode> = (1..=size).map(|n| RabbitNode::new(&prefix, n)).collect();
+        let cluster = Self { nodes };
+        for node in &cluster.nodes {
+            node.launch();
+        }
+        for node in &cluster.nodes {
+            node.await_startup();
+        }
+        let first = cluster.nodes[0].name.clone();
+        for node in &cluster.nodes[1..] {
+            for args in [
+                vec!["stop_app"],
+                vec!["join_cluster", first.as_str()],
+                vec!["start_app"],
+            ] {
+                rabbitmqctl_on(&node.name, &args).unwrap_or_else(|error| panic!("{error}"));
+            }
+        }
+        cluster
+    }
+
+    /// Every node's URL as `guest`, in order: what `amqp.url` takes.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RabbitNode::url).collect()
+    }
+
+    /// The index of the node where a connection named `connection_name` is open (by the
+    /// port it came in on: `list_connections` lists the whole cluster's), asked of the
+    /// first node that answers.
+    pub fn connected_node(&self, connection_name: &str) -> Option<usize> {
+        let listing = self.nodes.iter().find_map(|node| {
+            rabbitmqctl_on(
+                &node.name,
+                &["list_connections", "port", "client_properties", "-s"],
+            )
+            .ok()
+        })?;
+        let port: u16 = (listing.lines())
+            .find(|line| line.contains(connection_name))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        self.nodes.iter().position(|node| node.amqp_port == port)
+    }
+
+    /// `kill -9` of node `index`'s runtime.
+    pub fn kill(&self, index: usize) {
+        let node = &self.nodes[index];
+        node.signal(node.pid_from_file().expect("the node's pid file"), "KILL");
+    }
+
+    /// Starts node `index` again (after [`RabbitCluster::kill`] or a stop), on its own data.
+    pub fn restart(&self, index: usize) {
+        let node = &self.nodes[index];
+        node.launch();
+        node.await_startup();
+    }
+
+    /// A graceful stop of node `index`.
+    pub fn stop(&self, index: usize) {
+        let node = &self.nodes[index];
+        rabbitmqctl_on(&node.name, &["stop"]).unwrap_or_else(|error| panic!("{error}"));
+    }
+
+    /// Suspends node `index`'s runtime (`SIGSTOP`): it keeps its connections open and
+    /// answers nothing, as a stalled VM or a long pause would.
+    pub fn suspend(&self, index: usize) {
+        let node = &self.nodes[index];
+        node.signal(node.pid_from_file().expect("the node's pid file"), "STOP");
+    }
+
+    /// Resumes a node [`RabbitCluster::suspend`] stopped.
+    pub fn resume(&self, index: usize) {
+        let node = &self.nodes[index];
+        node.signal(node.pid_from_file().expect("the node's pid file"), "CONT");
+    }
+
+    /// The index of the node that leads quorum queue `queue`, asked of node `asked`.
+    pub fn leader(&self, queue: &str, asked: usize) -> Option<usize> {
+        let listing = rabbitmqctl_on(
+            &self.nodes[asked].name,
+            &["list_queues", "name", "leader", "-s"],
+        )
+        .ok()?;
+        let leader = (listing.lines())
+            .find_map(|line| line.strip_prefix(queue)?.split_whitespace().next())?
+            .to_owned();
+        self.nodes.iter().position(|node| node.name == leader)
+    }
+}
+
+impl RabbitNode {
+    /// Its runtime's process id from the pid file it writes at start, if it runs.
+    fn pid_from_file(&self) -> Option<u32> {
+        let file = self.dir.join("mnesia").join(format!("{}.pid", self.name));
+        std::fs::read_to_string(file).ok()?.trim().parse().ok()
+    }
+}
+
+impl Drop for RabbitCluster {
+    /// Kills every node (resumed first, should one be suspended) and deletes its files:
+    /// nothing of theirs is worth a graceful stop, and a stop could wait on a hung node.
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            if let Some(pid) = node.pid_from_file() {
+                for signal in ["-CONT", "-KILL"] {
+                    crate::succeeds_quietly_within(
+                        Command::new("kill").args([signal, &pid.to_string()]),
+                        Duration::from_secs(5),
+                    );
+                }
+            }
+        }
+        for node in &self.nodes {
+            let _ = std::fs::remove_dir_all(&node.dir);
+        }
+    }
+}
