@@ -235,8 +235,8 @@ async fn a_memory_alarm_pauses_publishing_without_duplicates_and_sigterm_still_e
         let _alarm = watermark.raise_alarm();
         seed(&app.database, &later).await;
         shows_alarm(address, true, Duration::from_secs(10)).await;
-        relay.signal("TERM");
         let signalled = Instant::now();
+        relay.signal("TERM");
         // The shutdown bound: publish_timeout (3 s) + 2 s, with the machine's margin.
         let status = relay
             .wait(outbox_tests::within(Duration::from_secs(5)))

@@ -100,8 +100,8 @@ impl Node {
 
     /// SIGTERM and exit code 0 within [`STOP`]; how long it took.
     async fn stop(&mut self) -> Duration {
-        self.process.signal("TERM");
         let signalled = Instant::now();
+        self.process.signal("TERM");
         let status = self.process.wait(STOP).await;
         assert!(
             status.success(),

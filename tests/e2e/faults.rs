@@ -119,8 +119,8 @@ async fn a_stalled_broker_fails_publishes_on_time_and_sigterm_still_exits() {
         Duration::from_millis(1_100),
     );
 
-    relay.signal("TERM");
     let signalled = Instant::now();
+    relay.signal("TERM");
     // The shutdown deadline: publish_timeout (1 s) + 2 s, and the machine's margin.
     let status = relay.wait(within(Duration::from_secs(3))).await;
     assert_within(

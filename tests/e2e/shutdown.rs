@@ -27,8 +27,8 @@ async fn sigterm_mid_run_exits_cleanly_and_a_second_run_delivers_the_rest() {
 
     let mut first = RelayProcess::spawn(crate::RELAY, &app.settings);
     broker.wait_for(2_000, Duration::from_secs(60)).await;
-    first.signal("TERM");
     let signalled = Instant::now();
+    first.signal("TERM");
     // Exit 0 within publish_timeout (3 s) + 2 s (and the machine's margin).
     let status = first
         .wait(outbox_tests::within(Duration::from_secs(5)))
@@ -232,8 +232,8 @@ async fn a_second_signal_forces_exit_1_and_the_same_node_clears_its_leases_at_st
 async fn shutdown_timeout_forces_exit_1() {
     let (app, proxy, mut relay) =
         stuck_in_flight(|settings| settings.relay.shutdown_timeout = "2s".into()).await;
-    relay.signal("TERM");
     let signalled = Instant::now();
+    relay.signal("TERM");
     let status = relay
         .wait(outbox_tests::within(Duration::from_secs(2)))
         .await;
