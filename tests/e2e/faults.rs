@@ -3,7 +3,7 @@
 use outbox_tests::services::{amqp_url, database_url};
 use outbox_tests::{
     assert_within, event, eventually, room_events, server_of, through, within, Backend, FaultProxy,
-    OutputInTime as _, RelayProcess, TestApp, TestEvent,
+    RelayProcess, TestApp, TestEvent,
 };
 use std::time::{Duration, Instant};
 
@@ -144,21 +144,17 @@ async fn a_stalled_broker_fails_publishes_on_time_and_sigterm_still_exits() {
 /// The numbers of the confirm-mode channels `user` has open on the broker: the relay's
 /// publishers' channels (its other channels are not in confirm mode).
 fn confirm_channels(user: &str) -> Vec<u64> {
-    let output = std::process::Command::new("rabbitmqctl")
-        .args([
-            "list_channels",
-            "user",
-            "number",
-            "confirm",
-            "--formatter",
-            "json",
-            "-s",
-        ])
-        .output_in_time()
-        .expect("rabbitmqctl runs");
-    assert!(output.status.success(), "{output:?}");
+    let listing = outbox_tests::rabbitmqctl(&[
+        "list_channels",
+        "user",
+        "number",
+        "confirm",
+        "--formatter",
+        "json",
+        "-s",
+    ]);
     let channels: Vec<serde_json::Value> =
-        serde_json::from_slice(&output.stdout).expect("rabbitmqctl's JSON");
+        serde_json::from_str(&listing).expect("rabbitmqctl's JSON");
     (channels.iter())
         .filter(|channel| channel["user"] == user && channel["confirm"] == true)
         .filter_map(|channel| channel["number"].as_u64())
@@ -170,7 +166,6 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
     // The broker closes the publisher's own channel when it publishes to an exchange that
     // exists but that the relay's user may not write to (ACCESS_REFUSED).
     let refused = outbox_tests::TestBroker::new("#").await;
-    let user = outbox_tests::BrokerUser::with_permissions("s3cret", ".*", "^$", ".*");
     let refused_exchange = refused.exchange.clone();
     // Through a proxy that counts connections: a channel error must cost a channel, not
     // the connection.
@@ -189,8 +184,7 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
         .seeded(&room_events("before", 50, 5))
         .build()
         .await;
-    // The user may write to the test's own exchange only.
-    rabbitmqctl_permissions(&user.name, &app.broker.exchange);
+    let user = outbox_tests::BrokerUser::writing_only_to("s3cret", &app.broker.exchange);
     app.settings.amqp.url = through(proxy.addr, &user.url_with_password(&app.broker));
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
     app.broker.wait_for(50, Duration::from_secs(30)).await;
@@ -240,12 +234,6 @@ async fn a_channel_error_recreates_that_channel_and_the_rest_flows() {
     );
     refused.close().await;
     app.teardown().await;
-}
-
-/// Lets `user` configure and read everything on `/` and write to `exchange` only.
-fn rabbitmqctl_permissions(user: &str, exchange: &str) {
-    let write = format!("^{}$", exchange.replace('.', "\\."));
-    outbox_tests::rabbitmqctl(&["set_permissions", "-p", "/", user, ".*", &write, ".*"]);
 }
 
 /// The failure table's broker row: a lost connection is re-established and the exchanges declared

@@ -322,6 +322,13 @@ impl BrokerUser {
         }
     }
 
+    /// A user with `password` that may configure and read everything on `/` and write to
+    /// `exchange` only.
+    pub fn writing_only_to(password: &str, exchange: &str) -> Self {
+        let write = format!("^{}$", exchange.replace('.', "\\."));
+        Self::with_permissions(password, ".*", &write, ".*")
+    }
+
     /// A user with `password` allowed everything on `/`.
     pub fn new(password: &str) -> Self {
         Self::with_permissions(password, ".*", ".*", ".*")
@@ -349,8 +356,9 @@ impl Drop for BrokerUser {
     }
 }
 
-/// Runs `rabbitmqctl` with `args`; fails the test, with its output, when it fails.
-pub fn rabbitmqctl(args: &[&str]) {
+/// Runs `rabbitmqctl` with `args`; its standard output. Fails the test, with its output,
+/// when it fails.
+pub fn rabbitmqctl(args: &[&str]) -> String {
     use crate::OutputInTime as _;
     let output = std::process::Command::new("rabbitmqctl")
         .args(args)
@@ -361,4 +369,5 @@ pub fn rabbitmqctl(args: &[&str]) {
         "rabbitmqctl {args:?}: {}",
         crate::output::stderr(&output)
     );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
