@@ -3,12 +3,20 @@
 //! the `rabbitmq` user (whose Erlang cookie they share), clustered with `join_cluster`,
 //! and stopped and deleted when dropped, also when the test fails. The machine's own
 //! broker is not touched. Its own settings file (the machine's pins the listener to 5672)
-//! lets `guest` in from loopback only, as RabbitMQ's default does.
+//! lets `guest` in from loopback only, as RabbitMQ's default does, handles partitions by
+//! `pause_minority`, and counts a silent peer as gone after 18 to 30 s (`net_ticktime`
+//! 24 s, against 45 to 75 s by default), so that a partition completes within a test.
+//!
+//! A partition ([`RabbitCluster::partition`]) drops one node's distribution traffic on the
+//! loopback interface with `tc` (root, `CAP_NET_ADMIN`): each node connects to the others
+//! from a loopback address of its own, so its traffic is told apart by address and port.
 
 use crate::output::stderr;
 use crate::{unique_name, OutputInTime as _};
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a node may take to start (about 15 s on this machine; more under load).
@@ -23,6 +31,8 @@ pub struct RabbitNode {
     pub amqp_port: u16,
     /// Its Erlang distribution port.
     dist_port: u16,
+    /// The loopback address it connects to the other nodes from.
+    dist_from: Ipv4Addr,
     /// Its settings, data and logs.
     dir: PathBuf,
 }
@@ -32,6 +42,8 @@ pub struct RabbitNode {
 pub struct RabbitCluster {
     /// The nodes, the first the one the others joined.
     pub nodes: Vec<RabbitNode>,
+    /// Whether [`RabbitCluster::partition`] holds now (healed when dropped).
+    partitioned: AtomicBool,
 }
 
 /// A port nothing listens on now.
@@ -66,6 +78,7 @@ impl RabbitNode {
             name,
             amqp_port: free_port(),
             dist_port: free_port(),
+            dist_from: Ipv4Addr::new(127, 0, 0, 10 + n as u8),
             dir,
         }
     }
@@ -82,7 +95,12 @@ impl RabbitNode {
         }
         std::fs::write(
             self.dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.local = 127.0.0.1:{}\n", self.amqp_port),
+            format!(
+                "listeners.tcp.local = 127.0.0.1:{}\n\
+                 cluster_partition_handling = pause_minority\n\
+                 net_ticktime = 24\n",
+                self.amqp_port
+            ),
         )
         .expect("node settings");
         std::fs::write(self.dir.join("enabled_plugins"), "").expect("no plugins");
@@ -103,6 +121,10 @@ impl RabbitNode {
             .arg(format!("RABBITMQ_MNESIA_BASE={dir}/mnesia"))
             .arg(format!("RABBITMQ_LOG_BASE={dir}/log"))
             .arg(format!("RABBITMQ_DIST_PORT={}", self.dist_port))
+            .arg(format!(
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_connect_options [{{ip,{{{}}}}}]",
+                self.dist_from.octets().map(|octet| octet.to_string()).join(",")
+            ))
             .args(["rabbitmq-server", "-detached"])
             .output_in_time()
             .expect("rabbitmq-server runs (RabbitMQ's package installed, run as root)");
@@ -151,7 +173,10 @@ impl RabbitCluster {
     pub fn start(size: usize) -> Self {
         let prefix = unique_name("rabbit-e2e").replace('_', "-");
         let nodes: Vec<RabbitNode> = (1..=size).map(|n| RabbitNode::new(&prefix, n)).collect();
-        let cluster = Self { nodes };
+        let cluster = Self {
+            nodes,
+            partitioned: AtomicBool::new(false),
+        };
         for node in &cluster.nodes {
             node.launch();
         }
@@ -242,6 +267,92 @@ impl RabbitCluster {
     }
 }
 
+impl RabbitCluster {
+    /// Cuts node `index` off from the others: every packet to or from its distribution
+    /// port or the address it connects to them from is dropped, until
+    /// [`RabbitCluster::heal`]. Its AMQP listener still takes clients, as a minority
+    /// node's does until it notices and pauses. `rabbitmqctl` cannot reach it meanwhile.
+    pub fn partition(&self, index: usize) {
+        let node = &self.nodes[index];
+        let before = tc(&["qdisc", "show", "dev", "lo"]);
+        assert!(
+            before.contains("noqueue"),
+            "the loopback interface has a queueing discipline that a partition would replace: {before}"
+        );
+        self.partitioned.store(true, Ordering::SeqCst);
+        // Everything through a class as fast as loopback, but what matches a filter through
+        // one with no room in its queue.
+        tc(&[
+            "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1",
+        ]);
+        for (class, rate) in [("1:1", "100gbit"), ("1:2", "8bit")] {
+            tc(&[
+                "class", "add", "dev", "lo", "parent", "1:", "classid", class, "htb", "rate", rate,
+            ]);
+        }
+        tc(&[
+            "qdisc", "add", "dev", "lo", "parent", "1:2", "pfifo", "limit", "0",
+        ]);
+        let port = node.dist_port.to_string();
+        let address = format!("{}/32", node.dist_from);
+        for (field, value) in [
+            ("sport", &port),
+            ("dport", &port),
+            ("src", &address),
+            ("dst", &address),
+        ] {
+            let mask: &[&str] = if field.ends_with("port") {
+                &["0xffff"]
+            } else {
+                &[]
+            };
+            let args = [
+                &[
+                    "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1",
+                ],
+                &["u32", "match", "ip", field, value][..],
+                mask,
+                &["flowid", "1:2"],
+            ]
+            .concat();
+            tc(&args);
+        }
+    }
+
+    /// Ends a [`RabbitCluster::partition`]: the loopback interface as it was.
+    pub fn heal(&self) {
+        if self.partitioned.swap(false, Ordering::SeqCst) {
+            tc(&["qdisc", "del", "dev", "lo", "root"]);
+        }
+    }
+
+    /// Whether node `index` takes AMQP connections (a node paused by `pause_minority`, or
+    /// stopped, refuses them).
+    pub fn takes_clients(&self, index: usize) -> bool {
+        let address = (Ipv4Addr::LOCALHOST, self.nodes[index].amqp_port).into();
+        std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)).is_ok()
+    }
+
+    /// Waits until node `index` runs again (after a pause, a stop or a restart).
+    pub fn await_running(&self, index: usize) {
+        self.nodes[index].await_startup();
+    }
+}
+
+/// Runs `tc args` (iproute2, as root); its stdout.
+fn tc(args: &[&str]) -> String {
+    let output = Command::new("tc")
+        .args(args)
+        .output_in_time()
+        .expect("tc runs (iproute2 installed)");
+    assert!(
+        output.status.success(),
+        "tc {args:?} (a partition needs root and CAP_NET_ADMIN): {}",
+        stderr(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 impl RabbitNode {
     /// Its runtime's process id from the pid file it writes at start, if it runs.
     fn pid_from_file(&self) -> Option<u32> {
@@ -251,9 +362,16 @@ impl RabbitNode {
 }
 
 impl Drop for RabbitCluster {
-    /// Kills every node (resumed first, should one be suspended) and deletes its files:
-    /// nothing of theirs is worth a graceful stop, and a stop could wait on a hung node.
+    /// Heals a partition, kills every node (resumed first, should one be suspended) and
+    /// deletes its files: nothing of theirs is worth a graceful stop, and a stop could wait
+    /// on a hung node.
     fn drop(&mut self) {
+        if self.partitioned.swap(false, Ordering::SeqCst) {
+            crate::succeeds_quietly_within(
+                Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]),
+                Duration::from_secs(5),
+            );
+        }
         for node in &self.nodes {
             if let Some(pid) = node.pid_from_file() {
                 for signal in ["-CONT", "-KILL"] {
