@@ -5,7 +5,7 @@ use lapin::options::{
     BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Consumer, ExchangeKind};
 
 /// Which queue a [`Tap`] declares.
@@ -16,6 +16,10 @@ pub enum TapQueue {
     /// A durable queue of this name, for a reader that needs to know the name or that
     /// binds in one process and reads in another; [`Tap::delete`] removes it.
     Durable(String),
+    /// A durable quorum queue of this name (`x-queue-type: quorum`), replicated over a
+    /// cluster's nodes; otherwise as [`TapQueue::Durable`]. Its name must be new or already
+    /// a quorum queue's: RabbitMQ refuses to declare a queue again as another type.
+    Quorum(String),
 }
 
 /// A queue bound to exchanges on a channel of its own, read without acknowledgements.
@@ -43,6 +47,11 @@ impl Tap {
 
     /// Declares `queue` on `channel`, bound to nothing yet.
     pub async fn declare(channel: Channel, queue: TapQueue) -> Result<Self, lapin::Error> {
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        let mut arguments = FieldTable::default();
         let (name, options) = match queue {
             TapQueue::Temporary => (
                 String::new(),
@@ -52,16 +61,18 @@ impl Tap {
                     ..QueueDeclareOptions::default()
                 },
             ),
-            TapQueue::Durable(name) => (
-                name,
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-            ),
+            TapQueue::Durable(name) => (name, durable),
+            // Never exclusive nor auto-deleted: RabbitMQ refuses both for a quorum queue.
+            TapQueue::Quorum(name) => {
+                arguments.insert(
+                    "x-queue-type".into(),
+                    AMQPValue::LongString("quorum".into()),
+                );
+                (name, durable)
+            }
         };
         let declared = channel
-            .queue_declare(name.into(), options, FieldTable::default())
+            .queue_declare(name.into(), options, arguments)
             .await?;
         Ok(Self {
             queue: declared.name().to_string(),
@@ -107,7 +118,7 @@ impl Tap {
         &self.channel
     }
 
-    /// Deletes the queue (a durable one outlives its connection otherwise).
+    /// Deletes the queue (a durable or quorum one outlives its connection otherwise).
     pub async fn delete(&self) -> Result<(), lapin::Error> {
         delete_queue(&self.channel, &self.queue).await
     }

@@ -12,10 +12,66 @@ use outbox_amqp::{Tap, TapQueue};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// The broker URL of the benchmarks.
-pub fn amqp_url() -> String {
+/// `OUTBOX_BENCH_AMQP_URL` as given: one broker's URL, or a cluster's nodes comma-separated
+/// as `amqp.url` takes them; the relay under test gets all of it.
+pub fn amqp_urls() -> String {
     std::env::var("OUTBOX_BENCH_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// The URL of the bench's own connections (the bare publisher, the consumer, its queue's
+/// declaration and deletion): the first of [`amqp_urls`].
+pub fn amqp_url() -> String {
+    let urls = amqp_urls();
+    urls.split(',').next().unwrap_or_default().trim().to_owned()
+}
+
+/// A connection of the bench's own, to [`amqp_url`].
+pub async fn connect() -> anyhow::Result<Connection> {
+    Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .context("cannot connect to RabbitMQ (start it with `rabbitmq-server -detached`)")
+}
+
+/// The type of the queue the bench's consumer reads and the bare publisher's messages go
+/// to: `OUTBOX_BENCH_QUEUE_TYPE`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum QueueType {
+    /// A durable classic queue (the default).
+    #[default]
+    Classic,
+    /// A durable quorum queue, replicated over a cluster's nodes.
+    Quorum,
+}
+
+impl QueueType {
+    /// As the variable and the JSON lines spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Classic => "classic",
+            Self::Quorum => "quorum",
+        }
+    }
+
+    /// The durable queue `name` of this type.
+    pub fn queue(self, name: String) -> TapQueue {
+        match self {
+            Self::Classic => TapQueue::Durable(name),
+            Self::Quorum => TapQueue::Quorum(name),
+        }
+    }
+}
+
+/// `OUTBOX_BENCH_QUEUE_TYPE`: `classic` (also when unset or empty) or `quorum`.
+pub fn queue_type() -> anyhow::Result<QueueType> {
+    let value = std::env::var_os("OUTBOX_BENCH_QUEUE_TYPE").unwrap_or_default();
+    match value.to_string_lossy().as_ref() {
+        "" | "classic" => Ok(QueueType::Classic),
+        "quorum" => Ok(QueueType::Quorum),
+        other => anyhow::bail!(
+            "OUTBOX_BENCH_QUEUE_TYPE={other:?}: expected `classic` (the default) or `quorum`"
+        ),
+    }
 }
 
 /// Best publish rate over the tried windows.
@@ -35,6 +91,8 @@ pub struct Baseline {
     /// RabbitMQ's CPU per message in that run (its `beam.smp` processes, from /proc);
     /// `None` when the broker is not on this machine.
     pub broker_us: Option<f64>,
+    /// The type of the queue the messages went to.
+    pub queue_type: QueueType,
 }
 
 impl Baseline {
@@ -47,9 +105,10 @@ impl Baseline {
     pub fn print(self) {
         let us = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.1}"));
         println!(
-            "baseline: {} messages, {} channel(s), best window {}: {:.0} msg/s, CPU {:.1} \
-             µs/message | broker CPU {} µs/message | all in {} µs/message",
+            "baseline: {} messages, {} queue, {} channel(s), best window {}: {:.0} msg/s, CPU \
+             {:.1} µs/message | broker CPU {} µs/message | all in {} µs/message",
             self.events,
+            self.queue_type.name(),
             self.channels,
             self.window,
             self.rate,
@@ -61,7 +120,7 @@ impl Baseline {
         println!(
             "{}",
             serde_json::json!({"scenario": "baseline", "events": self.events, "window": self.window,
-                "channels": self.channels,
+                "channels": self.channels, "queue_type": self.queue_type.name(),
                 "events_per_sec": self.rate.round(), "cpu_us_per_event": tenth(self.cpu_us),
                 "broker_cpu_us_per_message": self.broker_us.map(tenth),
                 "all_in_cpu_us_per_message": self.all_in_us().map(tenth)})
@@ -70,9 +129,10 @@ impl Baseline {
 }
 
 /// Publishes `events` persistent messages of `body_bytes` bytes to a durable topic exchange
-/// bound to one durable queue, with 256 and then 1024 confirms in flight; returns the
-/// better run. The messages go over `channels` confirm channels of one connection, each
-/// room's to one channel (1: the plain bare publisher; the relay has one per Publisher).
+/// bound to one durable queue (of [`queue_type`]), with 256 and then 1024 confirms in
+/// flight; returns the better run. The messages go over `channels` confirm channels of one
+/// connection, each room's to one channel (1: the plain bare publisher; the relay has one
+/// per Publisher).
 /// A consumer process reads the queue as `drain`'s does (`consume`: while the messages
 /// are published, or only after each window), so that the broker's work per
 /// message, and so "all in ÷ bare", compare like with like: RabbitMQ confirms a persistent
@@ -83,16 +143,15 @@ pub async fn run(
     consume: Consume,
     channels: usize,
 ) -> anyhow::Result<Baseline> {
-    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .context("cannot connect to RabbitMQ (start it with `rabbitmq-server -detached`)")?;
+    let queue_type = queue_type()?;
+    let connection = connect().await?;
     let channel = connection.create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let name = format!("bench.baseline.{}", std::process::id());
     declare_topic_exchange(&channel, &name).await?;
-    let tap = Tap::open(channel, TapQueue::Durable(name.clone()), &name, "#").await?;
+    let tap = Tap::open(channel, queue_type.queue(name.clone()), &name, "#").await?;
     let channel = tap.channel();
     let mut publishers = vec![channel.clone()];
     while publishers.len() < channels {
@@ -104,6 +163,7 @@ pub async fn run(
     let mut best = Baseline {
         events,
         channels: publishers.len(),
+        queue_type,
         ..Baseline::default()
     };
     for window in [256, 1024] {
@@ -154,6 +214,7 @@ pub async fn run(
                 window,
                 cpu_us,
                 broker_us,
+                queue_type,
             };
         }
         if consume == Consume::Later {

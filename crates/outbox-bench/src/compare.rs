@@ -124,6 +124,7 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
         candidate.display()
     );
     let mut records: [Vec<Map<String, Value>>; 2] = [Vec::new(), Vec::new()];
+    let mut queues = QueueTypes::default();
     for Round {
         counted,
         number,
@@ -140,6 +141,7 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
             let started = Instant::now();
             let record = run_child(bin, &args.scenario)
                 .with_context(|| format!("{kind} {number} of {of}, {label}"))?;
+            queues.check(&record, label)?;
             println!(
                 "  {kind} {number}/{of}: {label:<11} {:.1} s",
                 started.elapsed().as_secs_f64()
@@ -159,8 +161,49 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
     json["warmup_rounds"] = args.warmup.into();
     json["baseline_bin"] = args.baseline_bin.display().to_string().into();
     json["candidate_bin"] = candidate.display().to_string().into();
+    if let Some(queue_type) = queues.name() {
+        json["queue_type"] = queue_type.into();
+    }
     println!("{json}");
     Ok(())
+}
+
+/// The queue type the builds' records name (`OUTBOX_BENCH_QUEUE_TYPE`), which must be one:
+/// a build older than that variable measures a classic queue whatever it was asked.
+#[derive(Debug, Default)]
+struct QueueTypes {
+    /// The first record's (`classic` when it names none), and which build gave it.
+    first: Option<(String, &'static str)>,
+    /// Whether a record named one (`idle` and `adopt` declare no queue).
+    named: bool,
+}
+
+impl QueueTypes {
+    /// Fails when `record` names another queue type than an earlier record did; a record
+    /// naming none measured a classic queue, or none.
+    fn check(&mut self, record: &Map<String, Value>, label: &'static str) -> anyhow::Result<()> {
+        let named = record.get("queue_type").and_then(Value::as_str);
+        self.named |= named.is_some();
+        let named = named.unwrap_or("classic");
+        match &self.first {
+            None => self.first = Some((named.to_owned(), label)),
+            Some((first, by)) if first != named => bail!(
+                "{label} measured a {named} queue, {by} a {first} queue: the builds do not \
+                 compare (a build whose JSON lines have no `queue_type` ignores \
+                 OUTBOX_BENCH_QUEUE_TYPE)"
+            ),
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The queue type, when a record named it.
+    fn name(&self) -> Option<&str> {
+        self.first
+            .as_ref()
+            .filter(|_| self.named)
+            .map(|(name, _)| name.as_str())
+    }
 }
 
 /// Runs `bin scenario…` and reads its result; its stderr passes through.
@@ -566,6 +609,28 @@ mod tests {
             2
         );
         assert_eq!(super::record("no json here\n"), None);
+    }
+
+    #[test]
+    fn builds_that_measured_other_queue_types_do_not_compare() {
+        let line = |json: &str| super::record(json).unwrap();
+        let (quorum, classic) = (line(r#"{"queue_type":"quorum"}"#), line(r#"{"a":1}"#));
+        let mut queues = QueueTypes::default();
+        queues.check(&classic, "A baseline").unwrap();
+        let error = queues.check(&quorum, "B candidate").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("B candidate measured a quorum queue, A baseline a classic"),
+            "{error}"
+        );
+        let mut queues = QueueTypes::default();
+        queues.check(&quorum, "A baseline").unwrap();
+        queues.check(&quorum, "B candidate").unwrap();
+        assert_eq!(queues.name(), Some("quorum"));
+        let mut queues = QueueTypes::default();
+        queues.check(&classic, "A baseline").unwrap();
+        assert_eq!(queues.name(), None, "no record named one (idle)");
     }
 
     #[test]

@@ -4,13 +4,12 @@
 //! `t <n> <unix nanos>` per event; event `n` (the message id's suffix) is in room
 //! `n % rooms` (`scenario::event`), so room order is checked with two flat arrays.
 
-use crate::baseline::amqp_url;
+use crate::baseline::{connect, queue_type};
 use anyhow::{bail, Context as _};
 use clap::Args;
 use futures_lite::StreamExt;
-use lapin::{Connection, ConnectionProperties};
 use outbox_amqp::tap::declare_topic_exchange;
-use outbox_amqp::{Tap, TapQueue};
+use outbox_amqp::Tap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,7 +18,8 @@ use tokio::sync::mpsc;
 /// `consume` options (a hidden subcommand: the parent starts it).
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// Exchange to bind to; the queue gets the same name.
+    /// Exchange to bind to; the queue gets the same name (and `OUTBOX_BENCH_QUEUE_TYPE`'s
+    /// type).
     #[arg(long)]
     queue: String,
     /// Events expected (ids 0..events).
@@ -58,15 +58,14 @@ pub fn unix_nanos() -> i64 {
 
 /// The child's side: consume until every event arrived, then report on stdout.
 pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
-    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .context("cannot connect to RabbitMQ (start it with `rabbitmq-server -detached`)")?;
+    let queue_type = queue_type()?;
+    let connection = connect().await?;
     let channel = connection.create_channel().await?;
     let queue = args.queue.as_str();
     // The relay declares the same durable topic exchange; declaring it here too lets the
     // queue be bound before the relay starts, so no event can be missed.
     declare_topic_exchange(&channel, queue).await?;
-    let tap = Tap::open(channel, TapQueue::Durable(queue.to_owned()), queue, "#").await?;
+    let tap = Tap::open(channel, queue_type.queue(queue.to_owned()), queue, "#").await?;
     if args.hold {
         println!("ready");
         std::io::stdout().flush()?;

@@ -57,8 +57,9 @@ const PREFILL_ROWS: u64 = 250_000;
 /// The empty-table drain, the pre-fill, the history drains; one line per run and a JSON line.
 pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
     let backend = format!("{:?}", args.backend).to_lowercase();
+    let queue_type = crate::baseline::queue_type()?.name();
     println!(
-        "history: {backend}, {} published rows, {} runs of {} events of {} bytes, {} rooms, consume {}",
+        "history: {backend}, {queue_type} queue, {} published rows, {} runs of {} events of {} bytes, {} rooms, consume {}",
         args.rows,
         args.runs,
         args.events,
@@ -151,7 +152,8 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
     println!(
         "{}",
         serde_json::json!({
-            "scenario": "history", "backend": backend, "history_rows": args.rows,
+            "scenario": "history", "backend": backend, "queue_type": queue_type,
+            "history_rows": args.rows,
             "events": events, "runs": args.runs, "rooms": args.rooms,
             "envelope_bytes": args.envelope_bytes, "consume_after": args.consume_after,
             "prefill_seconds": round(prefill_seconds, 1),

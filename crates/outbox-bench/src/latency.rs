@@ -69,8 +69,10 @@ struct LatencyRun {
 pub async fn run(args: LatencyArgs) -> anyhow::Result<()> {
     let backend = format!("{:?}", args.backend).to_lowercase();
     let wake_ups = args.wake_ups();
+    let queue_type = crate::baseline::queue_type()?.name();
     println!(
-        "latency: {backend}, {} events/s for {} s, {} rooms, commit → delivery, wake-ups {}",
+        "latency: {backend}, {queue_type} queue, {} events/s for {} s, {} rooms, commit → \
+         delivery, wake-ups {}",
         args.rate,
         args.seconds,
         args.rooms,
@@ -82,7 +84,8 @@ pub async fn run(args: LatencyArgs) -> anyhow::Result<()> {
     );
     let json = |runs: &[LatencyRun]| {
         let pick = |f: fn(&LatencyRun) -> f64| round(median(runs.iter().map(f).collect()), 2);
-        serde_json::json!({"scenario": "latency", "backend": backend, "rate": args.rate,
+        serde_json::json!({"scenario": "latency", "backend": backend,
+            "queue_type": queue_type, "rate": args.rate,
             "seconds": args.seconds, "rooms": args.rooms, "events": args.rate * args.seconds,
             "wake_ups": wake_ups, "runs": runs.len(),
             "duplicates": runs.iter().map(|r| r.duplicates).sum::<usize>(),

@@ -28,7 +28,7 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use lapin::options::QueuePurgeOptions;
 use load::{measure, Plan, Window};
-use outbox_amqp::{Broker, Tap, TapQueue};
+use outbox_amqp::{Broker, Tap};
 use outbox_relay::startup::{open_broker, start_relay};
 use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend, Statement};
 use std::time::Duration;
@@ -142,9 +142,11 @@ impl State {
 pub async fn run(args: ProducersArgs) -> anyhow::Result<()> {
     let backend = format!("{:?}", args.backend).to_lowercase();
     let counts: Vec<String> = args.connections.iter().map(u32::to_string).collect();
+    let queue_type = crate::baseline::queue_type()?;
     println!(
-        "producers: {backend}, connections {}, {} s per state, {} round(s), serving states \
-         offered {} commits/s, envelopes of {} bytes, {ROOMS} rooms, wake-ups {}",
+        "producers: {backend}, {} queue, connections {}, {} s per state, {} round(s), serving \
+         states offered {} commits/s, envelopes of {} bytes, {ROOMS} rooms, wake-ups {}",
+        queue_type.name(),
         counts.join(","),
         args.seconds,
         args.rounds,
@@ -170,7 +172,7 @@ pub async fn run(args: ProducersArgs) -> anyhow::Result<()> {
     let rounds = outcome?;
     dropped.with_context(|| format!("cannot drop {bare}"))?;
     torn_down.context("teardown")?;
-    summarise(&args, &backend, &rounds);
+    summarise(&args, &backend, queue_type, &rounds);
     Ok(())
 }
 
@@ -184,20 +186,19 @@ async fn measure_all(
     create_bare(bench.store.connection(), bench.store.table().as_str(), bare).await?;
     let broker = open_broker(&bench.config).await?;
     // A durable queue of the exchange's name (`Bench::teardown` deletes it) takes what the
-    // relay publishes, so nothing is unroutable; purged after each serving state.
-    let tap = match broker.open_channel().await {
-        Ok(channel) => Tap::open(
-            channel,
-            TapQueue::Durable(bench.queue.clone()),
-            &bench.queue,
-            "#",
-        )
-        .await
-        .context("cannot bind a queue to the relay's exchange"),
-        Err(error) => Err(error.into()),
-    };
-    let tap = match tap {
-        Ok(tap) => tap,
+    // relay publishes, so nothing is unroutable; purged after each serving state. Declared
+    // where the drain's consumer declares its own: on the first broker of the list.
+    let tap = async {
+        let connection = crate::baseline::connect().await?;
+        let queue = bench.queue_type.queue(bench.queue.clone());
+        let tap = Tap::open(connection.create_channel().await?, queue, &bench.queue, "#")
+            .await
+            .context("cannot bind a queue to the relay's exchange")?;
+        anyhow::Ok((connection, tap))
+    }
+    .await;
+    let (connection, tap) = match tap {
+        Ok(opened) => opened,
         Err(error) => {
             broker.close().await;
             return Err(error);
@@ -223,6 +224,7 @@ async fn measure_all(
     }
     .await;
     tap.close().await;
+    let _ = connection.close(200, "done".into()).await;
     broker.close().await;
     measured
 }
@@ -456,7 +458,12 @@ async fn clear(db: &DatabaseConnection, table: &str) -> anyhow::Result<()> {
 /// Per connection count, the medians over the rounds: a table and one JSON line each.
 /// The ratios are the medians of each round's ratio (the states of a ratio were measured
 /// next to each other).
-fn summarise(args: &ProducersArgs, backend: &str, rounds: &[Vec<[Window; 4]>]) {
+fn summarise(
+    args: &ProducersArgs,
+    backend: &str,
+    queue_type: crate::baseline::QueueType,
+    rounds: &[Vec<[Window; 4]>],
+) {
     println!(
         "  medians of {} round(s); ratios: the median of each round's\n  connections  state        \
          commits/s     p50 ms     p99 ms",
@@ -474,6 +481,7 @@ fn summarise(args: &ProducersArgs, backend: &str, rounds: &[Vec<[Window; 4]>]) {
         };
         let mut json = serde_json::json!({
             "scenario": "producers", "backend": backend, "wake_ups": args.wake_ups(),
+            "queue_type": queue_type.name(),
             "connections": connections,
             "seconds": args.seconds, "rounds": args.rounds, "rate": args.rate,
             "envelope_bytes": args.envelope_bytes, "rooms": ROOMS,

@@ -37,6 +37,15 @@ fn figure(value: &Value) -> String {
     }
 }
 
+/// `, quorum queue` for a line measured on a queue other than a classic one, else nothing:
+/// the tables' first cell says it (lines from before `queue_type` were all classic).
+fn queue(line: &Value) -> String {
+    match line["queue_type"].as_str() {
+        Some(queue_type) if queue_type != "classic" => format!(", {queue_type} queue"),
+        _ => String::new(),
+    }
+}
+
 fn thousands(n: i64) -> String {
     let digits = n.abs().to_string();
     let mut out = String::new();
@@ -81,7 +90,8 @@ const TABLES: &[Table] = &[
                         Some(true) => "`--consume-after`",
                         _ => "consumer beside",
                     };
-                    format!("{}, {frame}", line["backend"].as_str().unwrap_or("?"))
+                    let backend = line["backend"].as_str().unwrap_or("?");
+                    format!("{backend}, {frame}{}", queue(line))
                 },
             },
             column!("events", "events"),
@@ -100,7 +110,10 @@ const TABLES: &[Table] = &[
         scenario: "baseline",
         title: "Baseline: the bare publisher",
         columns: &[
-            column!("window", "window"),
+            Column {
+                header: "window",
+                cell: |line| format!("{}{}", figure(&line["window"]), queue(line)),
+            },
             column!("channels", "channels"),
             column!("messages/s", "events_per_sec"),
             column!("CPU µs/message", "cpu_us_per_event"),
@@ -116,9 +129,10 @@ const TABLES: &[Table] = &[
                 header: "backend, wake-ups",
                 cell: |line| {
                     format!(
-                        "{}, {}",
+                        "{}, {}{}",
                         line["backend"].as_str().unwrap_or("?"),
-                        line["wake_ups"].as_str().unwrap_or("?")
+                        line["wake_ups"].as_str().unwrap_or("?"),
+                        queue(line)
                     )
                 },
             },
@@ -135,7 +149,7 @@ const TABLES: &[Table] = &[
         columns: &[
             Column {
                 header: "backend",
-                cell: |line| line["backend"].as_str().unwrap_or("?").to_owned(),
+                cell: |line| format!("{}{}", line["backend"].as_str().unwrap_or("?"), queue(line)),
             },
             column!("published rows kept", "history_rows"),
             column!("empty table events/s", "empty_events_per_sec"),
@@ -197,8 +211,8 @@ const TABLES: &[Table] = &[
 fn backend_and_wake_ups(line: &Value) -> String {
     let backend = line["backend"].as_str().unwrap_or("?");
     match line["wake_ups"].as_str() {
-        Some(wake_ups) => format!("{backend}, {wake_ups}"),
-        None => backend.to_owned(),
+        Some(wake_ups) => format!("{backend}, {wake_ups}{}", queue(line)),
+        None => format!("{backend}{}", queue(line)),
     }
 }
 
@@ -276,6 +290,29 @@ mod tests {
             "{tables}"
         );
         assert!(!tables.contains("## Idle cost"), "no line, no table");
+    }
+
+    #[test]
+    fn a_quorum_queue_is_named_in_the_first_cell() {
+        let output = r#"{"scenario": "drain", "backend": "postgres", "queue_type": "quorum", "events": 5}
+{"scenario": "drain", "backend": "sqlite", "queue_type": "classic", "events": 5}
+{"scenario": "baseline", "queue_type": "quorum", "window": 1024}
+{"scenario": "latency", "backend": "postgres", "wake_ups": "notify", "queue_type": "quorum"}
+"#;
+        let tables = tables(output);
+        assert!(
+            tables.contains("| postgres, consumer beside, quorum queue | 5 |"),
+            "{tables}"
+        );
+        assert!(
+            tables.contains("| sqlite, consumer beside | 5 |"),
+            "{tables}"
+        );
+        assert!(tables.contains("| 1,024, quorum queue |"), "{tables}");
+        assert!(
+            tables.contains("| postgres, notify, quorum queue |"),
+            "{tables}"
+        );
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The `drain` and `latency` scenarios: the relay in-process on real services, the consumer
-//! ([`crate::consumer`]) in a child process on a durable queue bound to the relay's
-//! exchange.
+//! ([`crate::consumer`]) in a child process on a durable queue (`OUTBOX_BENCH_QUEUE_TYPE`)
+//! bound to the relay's exchange.
 
 pub use crate::args::{DrainArgs, MatrixArgs};
-use crate::baseline::{self, Baseline};
+use crate::baseline::{self, Baseline, QueueType};
 use crate::consumer::{Consume, ConsumerProcess, Report};
 use crate::cost::{Cost, CostWatch};
 use crate::otlp_sink::SinkProcess;
@@ -41,6 +41,8 @@ pub(crate) struct Bench {
     outboxes: Vec<OpenOutbox>,
     /// The relay's exchange, and the consumer's queue of the same name.
     pub(crate) queue: String,
+    /// That queue's type.
+    pub(crate) queue_type: QueueType,
     sqlite_file: Option<std::path::PathBuf>,
 }
 
@@ -49,6 +51,7 @@ impl Bench {
         backend: Backend,
         adjust: impl FnOnce(&mut Settings),
     ) -> anyhow::Result<Self> {
+        let queue_type = baseline::queue_type()?;
         let run = format!(
             "{}_{}",
             std::process::id(),
@@ -69,7 +72,7 @@ impl Bench {
             }
         };
         settings.database.table = format!("bench_{run}");
-        settings.amqp.url = baseline::amqp_url();
+        settings.amqp.url = baseline::amqp_urls();
         settings.amqp.exchange = format!("bench.relay.{run}");
         settings.log.level = "warn".into();
         settings.metrics.listen = "".into();
@@ -88,6 +91,7 @@ impl Bench {
             store,
             outboxes,
             queue,
+            queue_type,
             sqlite_file,
         })
     }
@@ -258,12 +262,13 @@ impl Bench {
     }
 
     pub(crate) async fn teardown(self) -> anyhow::Result<()> {
-        let broker = open_broker(&self.config).await?;
-        let channel = broker.open_channel().await?;
+        // Where the consumer declared the queue: the first broker of the list.
+        let connection = baseline::connect().await?;
+        let channel = connection.create_channel().await?;
         let _ = delete_queue(&channel, &self.queue).await;
         let _ = delete_exchange(&channel, &self.queue).await;
         let _ = channel.close(200, "done".into()).await;
-        broker.close().await;
+        let _ = connection.close(200, "done".into()).await;
         for outbox in &self.outboxes {
             let t = outbox.store.table().as_str();
             let db = outbox.store.connection();
@@ -421,8 +426,10 @@ pub(crate) fn round(value: f64, digits: i32) -> f64 {
 /// Pre-fills, relays, measures, then the baseline and the ratio; `--runs` times.
 pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
     let backend = format!("{:?}", args.backend).to_lowercase();
+    let queue_type = baseline::queue_type()?;
     println!(
-        "drain: {backend}, {} events of {} bytes, {} rooms, {} outbox(es) with {} publishers each, batch {}, ordering {}, published rows: {}",
+        "drain: {backend}, {} queue, {} events of {} bytes, {} rooms, {} outbox(es) with {} publishers each, batch {}, ordering {}, published rows: {}",
+        queue_type.name(),
         args.events, args.envelope_bytes, args.rooms, args.outboxes, args.publishers, args.batch_size, args.ordering, args.published_rows
     );
     // One sink and one exporter for every run: spans of a run still queued when it ends
@@ -465,13 +472,13 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
                 optional(run.all_in_ratio(), 2)
             );
         }
-        let mut json = drain_json(&args, &[run]);
+        let mut json = drain_json(&args, queue_type, &[run]);
         json["seconds"] = round(run.seconds, 3).into();
         println!("{json}");
         runs.push(run);
     }
     if runs.len() > 1 {
-        let json = drain_json(&args, &runs);
+        let json = drain_json(&args, queue_type, &runs);
         println!(
             "  median of {}: {} events/s, CPU {} µs/event, peak RSS {} MiB{}, db CPU {} µs/event, \
              broker CPU {} µs/message, all in {} µs/event{}",
@@ -516,7 +523,7 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
 }
 
 /// The JSON line of one run, or of the medians of several.
-fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
+fn drain_json(args: &DrainArgs, queue_type: QueueType, runs: &[DrainRun]) -> serde_json::Value {
     let pick = |f: fn(&DrainRun) -> f64| median(runs.iter().map(f).collect());
     // The median of the runs that have the figure; `None` when none has it.
     let some = |f: &dyn Fn(&DrainRun) -> Option<f64>, digits| {
@@ -525,6 +532,7 @@ fn drain_json(args: &DrainArgs, runs: &[DrainRun]) -> serde_json::Value {
     };
     let mut json = serde_json::json!({
         "scenario": "drain", "backend": format!("{:?}", args.backend).to_lowercase(),
+        "queue_type": queue_type.name(),
         "events": args.events, "rooms": args.rooms, "publishers": args.publishers,
         "batch_size": args.batch_size, "ordering": args.ordering, "runs": runs.len(),
         "published_rows": args.published_rows,
@@ -625,9 +633,14 @@ async fn drain_once(args: &DrainArgs) -> anyhow::Result<DrainRun> {
 /// `drain` over publishers × batch sizes: a table of medians.
 pub async fn matrix(args: MatrixArgs) -> anyhow::Result<()> {
     let backend = format!("{:?}", args.backend).to_lowercase();
+    let queue_type = baseline::queue_type()?;
     println!(
-        "matrix: {backend}, {} events, {} rooms, ordering {}, median of {} runs per cell",
-        args.events, args.rooms, args.ordering, args.runs
+        "matrix: {backend}, {} queue, {} events, {} rooms, ordering {}, median of {} runs per cell",
+        queue_type.name(),
+        args.events,
+        args.rooms,
+        args.ordering,
+        args.runs
     );
     println!("  publishers  batch   events/s  baseline  ratio  CPU µs/event");
     for &batch_size in &args.batch_sizes {
@@ -653,7 +666,7 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<()> {
             for _ in 0..args.runs.max(1) {
                 runs.push(drain_once(&cell).await?);
             }
-            let json = drain_json(&cell, &runs);
+            let json = drain_json(&cell, queue_type, &runs);
             println!(
                 "  {publishers:>10}  {batch_size:>5}  {:>9}  {:>8}  {:>5}  {:>12}",
                 json["events_per_sec"],
