@@ -304,3 +304,58 @@ async fn postgres_two_sleeping_relays_both_wake_on_an_insert() {
     }
     database.drop_table().await;
 }
+
+/// The feed's next answer, within [`DEADLINE`].
+async fn answer(feed: &mut dyn outbox_core::InsertFeed) {
+    tokio::time::timeout(DEADLINE, feed.wait())
+        .await
+        .expect("the feed answers")
+        .expect("the feed");
+}
+
+/// A relay woken by an insert stays awake while rows keep coming: it notices them by the
+/// table's highest id, and the inserts meanwhile NOTIFY nobody. Once rows stop, it falls
+/// asleep again and the next insert NOTIFYs.
+#[actix_rt::test]
+async fn postgres_a_woken_relay_stays_awake_while_rows_keep_coming() {
+    use outbox_store::wake::WakeUps;
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let store = outbox_store::SeaOrmStore::new(database.db().clone(), database.table.clone());
+    let wake_ups = WakeUps {
+        listen_url: Some(database.url.clone()),
+        probe_interval: Some(Duration::from_millis(5)),
+        url: database.url.clone(),
+    };
+    let mut feed = store.insert_feed(&wake_ups).expect("a feed on PostgreSQL");
+    let feed = feed.as_mut();
+    // Once on connecting, once on taking the wake lock: asleep.
+    answer(feed).await;
+    answer(feed).await;
+    let mut others = listener(&database).await;
+
+    insert(&database, "wakes").await;
+    answer(feed).await;
+    tokio::time::timeout(DEADLINE, others.recv())
+        .await
+        .expect("the insert that woke the relay NOTIFYed")
+        .expect("the notification");
+    for n in 0..5 {
+        insert(&database, &format!("while-awake-{n}")).await;
+        answer(feed).await;
+    }
+    assert_eq!(
+        pending_notifications(&mut others).await,
+        0,
+        "inserts while the woken relay stays awake NOTIFY nobody"
+    );
+
+    // No more rows: it falls asleep, answering once more for the claim after the lock.
+    answer(feed).await;
+    insert(&database, "asleep-again").await;
+    answer(feed).await;
+    tokio::time::timeout(DEADLINE, others.recv())
+        .await
+        .expect("an insert after it fell asleep NOTIFYs again")
+        .expect("the notification");
+    database.drop_table().await;
+}

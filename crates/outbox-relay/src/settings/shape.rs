@@ -62,11 +62,15 @@ pub struct DatabaseSettings {
     /// through a pooler in transaction mode (PgBouncer), which keeps neither. Blank: `url`.
     pub listen_url: String,
     /// Where nothing announces inserts (SQLite, MySQL/MariaDB, PostgreSQL without
-    /// `notify`): notice them with a cheap probe instead of waiting for `poll_interval`.
+    /// `notify`): notice them with a cheap probe instead of waiting for `poll_interval`. On
+    /// PostgreSQL with `notify`, a relay woken by an insert stays awake while rows keep
+    /// coming, noticing them with the probe, so that under load the producers' commits
+    /// NOTIFY nobody; `false`: it falls asleep whenever a claim finds nothing.
     pub probe: bool,
-    /// How often the probe looks; zero: the default. On PostgreSQL with `notify`, also how
-    /// long at a time the LISTEN connection waits for the table's wake lock while another
-    /// relay of the table sleeps.
+    /// How often the probe looks; zero: the default. On PostgreSQL with `notify`, how often
+    /// a woken relay looks while it stays awake (an event then waits up to this long for
+    /// its claim; one that wakes the relay, none), and how long at a time the LISTEN
+    /// connection waits for the table's wake lock while another relay of the table sleeps.
     pub probe_interval: Field<Span>,
     /// `[database.columns]`: the producer's column names of the one-outbox case, and the
     /// default of every `[[outboxes]]` entry.

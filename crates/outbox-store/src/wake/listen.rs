@@ -3,8 +3,9 @@
 //! the table's wake lock ([`TableName::wake_lock`]).
 //! [`PgInsertFeed`] LISTENs to the channel and holds that lock while it waits with nothing
 //! to claim, so the relay claims at once instead of at the next poll, and producers pay for
-//! a NOTIFY only for the first commit after the relay fell asleep. Polling stays as the
-//! fallback. See docs/design/wake-ups.md#notify-only-a-sleeping-relay.
+//! a NOTIFY only for the first commit after the relay fell asleep. Woken, it stays awake
+//! while rows keep coming ([`PgInsertFeed::lingering`]): under load nobody NOTIFYs. Polling
+//! stays as the fallback. See docs/design/wake-ups.md#notify-only-a-sleeping-relay.
 
 use super::database;
 use crate::sql::TableName;
@@ -12,6 +13,7 @@ use async_trait::async_trait;
 use outbox_core::{InsertFeed, StoreError};
 use sea_orm::sqlx::postgres::PgListener;
 use std::time::Duration;
+use tokio::time::Instant;
 use tracing::debug;
 
 /// The [`InsertFeed`] port on a LISTEN connection to the table's channel: connects on the
@@ -27,6 +29,23 @@ pub struct PgInsertFeed {
     asleep: bool,
     /// How long one wait for the wake lock lasts at most (`lock_timeout`).
     retry: Duration,
+    /// Awake after a wake-up: how the feed notices new rows meanwhile, if it lingers.
+    linger: Option<Linger>,
+}
+
+/// Staying awake after a wake-up ([`PgInsertFeed::lingering`]).
+#[derive(Debug)]
+struct Linger {
+    /// `SELECT` of the table's highest id (position), `NULL` when it is empty.
+    max_id: String,
+    /// Between two looks at the highest id.
+    every: Duration,
+    /// How long the feed stays awake with no new row before it falls asleep.
+    window: Duration,
+    /// The highest id seen: the claims that followed saw every row up to it.
+    seen: i64,
+    /// Awake until then, unless a new row comes; `None`: about to fall asleep.
+    until: Option<Instant>,
 }
 
 impl std::fmt::Debug for PgInsertFeed {
@@ -49,7 +68,26 @@ impl PgInsertFeed {
             listener: None,
             asleep: false,
             retry,
+            linger: None,
         }
+    }
+
+    /// Woken, the feed stays awake for `window` after the last new row instead of falling
+    /// asleep at once, looking at the table's highest id (`max_id`, a `SELECT` of one
+    /// nullable `BIGINT`) `every` so often, and answers when it grew. Under load the relay
+    /// is then never asleep, so the producers' commits NOTIFY nobody, and it claims once per
+    /// look rather than waking, claiming, locking and claiming again for every event. An
+    /// event that comes while it is awake waits up to `every` for its claim; a lone event is
+    /// still claimed the moment it is notified.
+    pub fn lingering(mut self, max_id: String, every: Duration, window: Duration) -> Self {
+        self.linger = Some(Linger {
+            max_id,
+            every,
+            window,
+            seen: 0,
+            until: None,
+        });
+        self
     }
 
     /// Waits for a notification on the connection. The connection is dropped when it fails
@@ -112,6 +150,66 @@ impl PgInsertFeed {
         }
     }
 
+    /// Just woken: notes the highest id (the claim this wake-up answers sees every row up
+    /// to it) and stays awake for the window, if the feed lingers.
+    async fn stay_awake(&mut self) -> Result<(), StoreError> {
+        if self.linger.is_none() {
+            return Ok(());
+        }
+        let max = self.max_id().await?;
+        if let Some(linger) = self.linger.as_mut() {
+            linger.seen = max;
+            linger.until = Some(Instant::now() + linger.window);
+        }
+        Ok(())
+    }
+
+    /// Awake after a wake-up: looks at the table's highest id every [`Linger::every`] until
+    /// it grows (`true`: rows to claim) or the window passes with none (`false`: time to
+    /// fall asleep). A row whose transaction commits after a higher id was seen is claimed
+    /// when the feed falls asleep, at the latest: it claims once more after taking the lock.
+    async fn awake_with_new_rows(&mut self) -> Result<bool, StoreError> {
+        let Some((until, every)) = (self.linger.as_ref()).and_then(|l| Some((l.until?, l.every)))
+        else {
+            return Ok(false);
+        };
+        loop {
+            tokio::time::sleep(every).await;
+            let max = self.max_id().await?;
+            let Some(linger) = self.linger.as_mut() else {
+                return Ok(false);
+            };
+            // Lower after a purge of the newest rows: follow it down.
+            let grew = max > linger.seen;
+            linger.seen = max;
+            if grew {
+                linger.until = Some(Instant::now() + linger.window);
+                return Ok(true);
+            }
+            if Instant::now() >= until {
+                linger.until = None;
+                return Ok(false);
+            }
+        }
+    }
+
+    /// The table's highest id, on the LISTEN connection.
+    async fn max_id(&mut self) -> Result<i64, StoreError> {
+        let (Some(listener), Some(linger)) = (self.listener.as_mut(), self.linger.as_ref()) else {
+            return Ok(0);
+        };
+        let answer = sea_orm::sqlx::query_scalar::<_, Option<i64>>(&linger.max_id)
+            .fetch_one(&mut *listener)
+            .await;
+        match answer {
+            Ok(max) => Ok(max.unwrap_or(0)),
+            Err(error) => {
+                self.lost();
+                Err(database(error))
+            }
+        }
+    }
+
     /// Drops the notifications the connection has received; whether there were any.
     fn drop_notifications(&mut self) -> bool {
         let Some(listener) = self.listener.as_mut() else {
@@ -128,6 +226,9 @@ impl PgInsertFeed {
     fn lost(&mut self) {
         self.listener = None;
         self.asleep = false;
+        if let Some(linger) = self.linger.as_mut() {
+            linger.until = None;
+        }
     }
 }
 
@@ -164,6 +265,10 @@ impl InsertFeed for PgInsertFeed {
                 if self.asleep {
                     self.notified().await?;
                     self.asleep = self.wake_lock(false).await?;
+                    self.stay_awake().await?;
+                    return Ok(());
+                }
+                if self.awake_with_new_rows().await? {
                     return Ok(());
                 }
                 // Notifications that came while the relay was awake: the claim this wait

@@ -22,13 +22,19 @@ use std::time::Duration;
 /// it again ([`listen::PgInsertFeed`]); otherwise `database.probe_interval`.
 const LOCK_RETRY: Duration = Duration::from_millis(5);
 
+/// PostgreSQL: how long a woken relay stays awake with no new row before it falls asleep
+/// again ([`listen::PgInsertFeed::lingering`]).
+const LINGER: Duration = Duration::from_millis(20);
+
 /// Which wake-ups the settings allow.
 #[derive(Debug, Clone, Default)]
 pub struct WakeUps {
     /// PostgreSQL: LISTEN on this URL (the pool's, or a session connection's beside a
     /// pooler); `None`: no LISTEN. May hold a password: never logged.
     pub listen_url: Option<String>,
-    /// Probe this often where nothing announces inserts; `None`: poll only.
+    /// Probe this often where nothing announces inserts, and on PostgreSQL look this often
+    /// for new rows while a woken relay stays awake; `None`: poll only (PostgreSQL: a woken
+    /// relay falls asleep the moment a claim finds nothing).
     pub probe_interval: Option<Duration>,
     /// SQLite: the database URL, for the probe's own connection.
     pub url: String,
@@ -40,11 +46,14 @@ impl SeaOrmStore {
     pub fn insert_feed(&self, wake_ups: &WakeUps) -> Option<Box<dyn InsertFeed>> {
         let table = self.table().clone();
         match (Dialect::of(self.connection()), &wake_ups.listen_url) {
-            (Dialect::Postgres, Some(url)) => Some(Box::new(listen::PgInsertFeed::new(
-                url,
-                table,
-                wake_ups.probe_interval.unwrap_or(LOCK_RETRY),
-            ))),
+            (Dialect::Postgres, Some(url)) => {
+                let every = wake_ups.probe_interval.unwrap_or(LOCK_RETRY);
+                let feed = listen::PgInsertFeed::new(url, table, every);
+                Some(Box::new(match wake_ups.probe_interval {
+                    Some(every) => feed.lingering(self.max_id_sql(), every, LINGER),
+                    None => feed,
+                }))
+            }
             (Dialect::Sqlite, _) => Some(Box::new(data_version::DataVersionFeed::new(
                 &wake_ups.url,
                 wake_ups.probe_interval?,

@@ -37,9 +37,7 @@ impl MaxIdProbe {
 
     async fn max_id(&self) -> Result<i64, StoreError> {
         let db = self.store.connection();
-        let reads = self.store.reads();
-        let max = reads.position_value(&format!("MAX({})", reads.position));
-        let sql = format!("SELECT {max} FROM {}", self.store.table());
+        let sql = self.store.max_id_sql();
         let row = db
             .query_one(Statement::from_string(db.get_database_backend(), sql))
             .await
@@ -49,6 +47,15 @@ impl MaxIdProbe {
             .transpose()
             .map_err(database)?;
         Ok(max.flatten().unwrap_or(0))
+    }
+}
+
+impl SeaOrmStore {
+    /// `SELECT` of the table's highest id (position) as a nullable 64-bit integer.
+    pub(crate) fn max_id_sql(&self) -> String {
+        let reads = self.reads();
+        let max = reads.position_value(&format!("MAX({})", reads.position));
+        format!("SELECT {max} FROM {}", self.table())
     }
 }
 
