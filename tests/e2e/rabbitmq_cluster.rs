@@ -304,8 +304,8 @@ fn hang_15s(cluster: &RabbitCluster, target: &Target) -> (usize, chrono::DateTim
         restarts += 1;
         node = target.relays_node(cluster);
     }
-    let at = chrono::Utc::now();
     cluster.suspend(node);
+    let at = chrono::Utc::now();
     // The fault itself: the node stays hung this long.
     std::thread::sleep(Duration::from_secs(15));
     cluster.resume(node);
@@ -319,8 +319,10 @@ fn hang_15s(cluster: &RabbitCluster, target: &Target) -> (usize, chrono::DateTim
 /// again.
 fn partition(cluster: &RabbitCluster, target: &Target) -> (usize, chrono::DateTime<chrono::Utc>) {
     let node = target.relays_node(cluster);
-    let at = chrono::Utc::now();
     cluster.partition(node);
+    // From the moment the cut is complete: `tc` takes a few milliseconds to set it up,
+    // during which publishes still go through.
+    let at = chrono::Utc::now();
     settled(
         "the cut-off node pauses (pause_minority)",
         Duration::from_secs(60),

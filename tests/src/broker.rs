@@ -360,14 +360,7 @@ impl Drop for BrokerUser {
 /// when it fails.
 pub fn rabbitmqctl(args: &[&str]) -> String {
     use crate::OutputInTime as _;
-    let output = std::process::Command::new("rabbitmqctl")
+    std::process::Command::new("rabbitmqctl")
         .args(args)
-        .output_in_time()
-        .expect("rabbitmqctl runs (RabbitMQ's tools on the PATH)");
-    assert!(
-        output.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        crate::output::stderr(&output)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+        .succeeds("RabbitMQ's tools on the PATH")
 }

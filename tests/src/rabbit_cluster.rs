@@ -155,15 +155,9 @@ impl RabbitNode {
 
     /// Sends `signal` to its runtime's process.
     fn signal(&self, pid: u32, signal: &str) {
-        let output = Command::new("kill")
+        Command::new("kill")
             .args([&format!("-{signal}"), &pid.to_string()])
-            .output_in_time()
-            .expect("kill runs");
-        assert!(
-            output.status.success(),
-            "kill -{signal} {pid}: {}",
-            stderr(&output)
-        );
+            .succeeds("procps");
     }
 }
 
@@ -341,16 +335,9 @@ impl RabbitCluster {
 
 /// Runs `tc args` (iproute2, as root); its stdout.
 fn tc(args: &[&str]) -> String {
-    let output = Command::new("tc")
+    Command::new("tc")
         .args(args)
-        .output_in_time()
-        .expect("tc runs (iproute2 installed)");
-    assert!(
-        output.status.success(),
-        "tc {args:?} (a partition needs root and CAP_NET_ADMIN): {}",
-        stderr(&output)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+        .succeeds("iproute2; a partition needs root and CAP_NET_ADMIN")
 }
 
 impl RabbitNode {

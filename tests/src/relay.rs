@@ -151,6 +151,24 @@ pub trait OutputInTime {
     /// Runs the command to its end, stdout and stderr captured; kills it and fails the
     /// test past [`CHILD_DEADLINE`].
     fn output_in_time(&mut self) -> std::io::Result<std::process::Output>;
+
+    /// Runs the command as [`OutputInTime::output_in_time`]; its standard output. Fails the
+    /// test, with its standard error, unless it ran and succeeded; `needs` says what it
+    /// takes (a package, a privilege).
+    fn succeeds(&mut self, needs: &str) -> String
+    where
+        Self: std::fmt::Debug,
+    {
+        let what = format!("{self:?}");
+        let output = (self.output_in_time())
+            .unwrap_or_else(|error| panic!("{what} does not run ({needs}): {error}"));
+        assert!(
+            output.status.success(),
+            "{what} ({needs}): {}",
+            crate::output::stderr(&output)
+        );
+        crate::output::stdout(&output)
+    }
 }
 
 impl OutputInTime for std::process::Command {
