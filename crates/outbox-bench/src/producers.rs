@@ -63,7 +63,8 @@ pub struct ProducersArgs {
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(64..))]
     envelope_bytes: u64,
     /// PostgreSQL: the relay does not LISTEN (`database.notify = false`): it probes, unless
-    /// `--no-probe`.
+    /// `--no-probe`; and, as the operations guide advises with it, the table's insert
+    /// trigger is disabled, so that no insert pays for it.
     #[arg(long)]
     no_notify: bool,
     /// The relay does not probe (`database.probe = false`).
@@ -160,6 +161,16 @@ pub async fn run(args: ProducersArgs) -> anyhow::Result<()> {
     })
     .await?;
     let bare = format!("{}_bare", bench.store.table().as_str());
+    if args.no_notify && matches!(args.backend, Backend::Postgres) {
+        let table = bench.store.table();
+        let trigger = table.notify_trigger();
+        bench
+            .store
+            .connection()
+            .execute_unprepared(&format!("ALTER TABLE {table} DISABLE TRIGGER {trigger}"))
+            .await
+            .with_context(|| format!("cannot disable {trigger}"))?;
+    }
     let outcome = measure_all(&args, &bench, &bare).await;
     // Teardown whatever happened: the bare copy first (on PostgreSQL its default draws on
     // the relay table's sequence, which goes with that table).
@@ -246,11 +257,26 @@ impl Run<'_> {
         self.bench.store.table().as_str()
     }
 
-    /// Empties both tables (the relay's, when a relay runs, only once every row is marked).
-    async fn clear_both(&self) -> anyhow::Result<()> {
+    /// Empties both tables (the relay's, when a relay runs, only once every row is marked),
+    /// then, on PostgreSQL, asks for a checkpoint, so that no window pays for writing out
+    /// the pages the one before it dirtied (without the privilege, the request fails and
+    /// the window starts anyway).
+    async fn clear_both(&self, relay_running: bool) -> anyhow::Result<()> {
         let db = self.bench.store.connection();
-        clear(db, self.bare).await?;
-        clear(db, self.table()).await
+        let (bare, table) = (self.bare, self.table());
+        if relay_running || db.get_database_backend() != DbBackend::Postgres {
+            clear(db, bare).await?;
+            clear(db, table).await?;
+        } else {
+            // Nobody else uses the tables: TRUNCATE leaves no dead rows and dirties nothing.
+            db.execute_unprepared(&format!("TRUNCATE {bare}, {table}"))
+                .await
+                .with_context(|| format!("cannot empty {bare} and {table}"))?;
+        }
+        if db.get_database_backend() == DbBackend::Postgres {
+            let _ = db.execute_unprepared("CHECKPOINT").await;
+        }
+        Ok(())
     }
 
     /// A relay with nothing to do for `--idle-seconds`: its CPU, the database's
@@ -305,17 +331,17 @@ impl Run<'_> {
         let counts = &self.args.connections;
         let mut windows: Vec<[Window; 4]> = vec![Default::default(); counts.len()];
         for (cell, &connections) in windows.iter_mut().zip(counts) {
-            for state in [State::Bare, State::Installed] {
+            for state in in_turn(n, [State::Bare, State::Installed]) {
                 cell[state as usize] = self.state(n, connections, state).await?;
             }
         }
         // Nothing pending for the relay to find when it starts.
-        self.clear_both().await?;
+        self.clear_both(false).await?;
         let relay = start_relay(&self.bench.config, &self.bench.store, self.broker).await?;
         let served = async {
             tokio::time::sleep(SETTLE).await;
             for (cell, &connections) in windows.iter_mut().zip(counts) {
-                for state in [State::ServingBare, State::Serving] {
+                for state in in_turn(n, [State::ServingBare, State::Serving]) {
                     cell[state as usize] = self.state(n, connections, state).await?;
                 }
             }
@@ -332,7 +358,7 @@ impl Run<'_> {
     /// One state's window on empty tables, printed; after serving, once the relay has
     /// marked every row, the queue is purged.
     async fn state(&self, n: u32, connections: u32, state: State) -> anyhow::Result<Window> {
-        self.clear_both().await?;
+        self.clear_both(state.serving()).await?;
         let backend = self.bench.store.connection().get_database_backend();
         let table = match state.into_installed() {
             true => self.table(),
@@ -393,6 +419,17 @@ impl Run<'_> {
             );
         }
         Ok(window)
+    }
+}
+
+/// The two states of a ratio in the order of round `n`: as given in even rounds, swapped in
+/// odd ones, so that neither always inherits what the other left (the dirty pages and the
+/// write-ahead log of the rows just deleted, the server's caches).
+fn in_turn(n: u32, states: [State; 2]) -> [State; 2] {
+    let [first, second] = states;
+    match n % 2 {
+        0 => [first, second],
+        _ => [second, first],
     }
 }
 
