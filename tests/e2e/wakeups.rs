@@ -333,6 +333,43 @@ async fn postgres_with_the_trigger_off_probes_even_with_notify_on() {
     app.teardown().await;
 }
 
+/// A relay that probes (`notify = false`) says once that the enabled insert trigger still
+/// costs every insert, naming the statement that disables it; once it is disabled, a
+/// relay says nothing of it.
+#[actix_rt::test]
+async fn postgres_without_notify_names_the_trigger_every_insert_still_pays_for() {
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.database.notify = false;
+            settings.log.format = "json".into();
+            settings.log.level = FEED_LOGS.into();
+        })
+        .build()
+        .await;
+    let t = app.database.table.as_str();
+    let disable = format!("ALTER TABLE {t} DISABLE TRIGGER {t}_notify");
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    assert_eq!(feed_started(&relay).await["feed"], "probe");
+    let said = relay.log_lines("the table's insert trigger");
+    assert_eq!(said.len(), 1, "one line: {said:?}");
+    assert_eq!(said[0]["level"], "INFO", "{}", said[0]);
+    let message = said[0]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&disable), "{message}");
+    relay.stop(Duration::from_secs(10)).await;
+
+    app.database.execute(&disable).await;
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    assert_eq!(feed_started(&relay).await["feed"], "probe");
+    let said = relay.log_lines("the table's insert trigger");
+    assert!(
+        said.is_empty(),
+        "nothing said of a disabled trigger: {said:?}"
+    );
+    lone_event_within_a_second(&app, "trigger-disabled", "trigger-disabled-1").await;
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}
+
 /// The first log line of `relay`'s feed starting (`listening for inserts`), once there.
 async fn feed_started(relay: &RelayProcess) -> serde_json::Value {
     eventually("the feed to start", Duration::from_secs(10), || {

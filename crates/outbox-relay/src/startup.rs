@@ -367,7 +367,7 @@ async fn start_one(
         match store
             .insert_trigger()
             .await
-            .unwrap_or(InsertTrigger::WhileAsleep)
+            .unwrap_or(InsertTrigger::NotNeeded)
         {
             InsertTrigger::Off => {
                 warn!(
@@ -384,8 +384,20 @@ async fn start_one(
                 "the table's insert trigger ({}) NOTIFYs on every insert, so producers' commits take turns at the NOTIFY lock: run `outbox-relay migrate` to make it NOTIFY only a sleeping relay",
                 store.table().notify_trigger()
             ),
-            InsertTrigger::WhileAsleep => {}
+            InsertTrigger::WhileAsleep | InsertTrigger::NotNeeded => {}
         }
+    } else if let Ok(InsertTrigger::WhileAsleep | InsertTrigger::EveryInsert) =
+        store.insert_trigger().await
+    {
+        // Nobody may LISTEN, yet every insert pays for the trigger's statement (another
+        // node on the table may LISTEN, hence not a warning).
+        info!(
+            %outbox,
+            table = %store.table(),
+            "the table's insert trigger ({trigger}) is enabled, but this relay does not LISTEN (database.notify = false), and every producer's insert still pays for the trigger: where no relay on the table LISTENs, disable it (ALTER TABLE {t} DISABLE TRIGGER {trigger})",
+            trigger = store.table().notify_trigger(),
+            t = store.table(),
+        );
     }
     let wake_ups = WakeUps {
         listen_url: notify.then_some(listen_url),

@@ -69,10 +69,10 @@ impl SeaOrmStore {
     /// ([`crate::TableName::notify_trigger`], made by `migrate`) when it is there and
     /// enabled — without it a LISTEN hears nothing
     /// (docs/operations/wake-ups.md#what-each-wake-up-costs). Always
-    /// [`InsertTrigger::WhileAsleep`] elsewhere, where nothing is needed.
+    /// [`InsertTrigger::NotNeeded`] elsewhere.
     pub async fn insert_trigger(&self) -> Result<InsertTrigger, StoreError> {
         if Dialect::of(self.connection()) != Dialect::Postgres {
-            return Ok(InsertTrigger::WhileAsleep);
+            return Ok(InsertTrigger::NotNeeded);
         }
         let t = self.table();
         let mut params = Params::new(Dialect::Postgres);
@@ -111,9 +111,10 @@ pub enum InsertTrigger {
     /// PostgreSQL: the trigger of a table `migrate` has not upgraded yet, which NOTIFYs on
     /// every insert: LISTEN works, and every producer's commit pays for a NOTIFY.
     EveryInsert,
-    /// The trigger NOTIFYs only while a relay sleeps (and on other backends, no trigger
-    /// is needed).
+    /// PostgreSQL: the trigger NOTIFYs only while a relay sleeps.
     WhileAsleep,
+    /// Not PostgreSQL: no trigger; the relay's wake-up needs none.
+    NotNeeded,
 }
 
 /// A feed's failure, as the port carries it: the driver's text.
