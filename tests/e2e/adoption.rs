@@ -546,7 +546,7 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
     let adopt = "m20261202_000001_create_room_outbox";
     match backend {
         Backend::Postgres => {
-            assert_eq!(locks.len(), 9, "eight migrations and the finish:\n{plan}");
+            assert_eq!(locks.len(), 10, "nine migrations and the finish:\n{plan}");
             says(
                 &locks,
                 adopt,
@@ -579,8 +579,12 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
                     "no table lock that stops inserts",
                     "one batch of pages at a time (tens of milliseconds each)",
                     "CONCURRENTLY (SHARE UPDATE EXCLUSIVE: inserts and updates go on",
-                    "ENABLE TRIGGER if migrate disabled it",
                 ],
+            );
+            says(
+                &locks,
+                "m20261206_000010_disable_room_outbox_notify",
+                &["SHARE ROW EXCLUSIVE", "DISABLE TRIGGER", "at most 100 ms"],
             );
             says(
                 &locks,
@@ -589,9 +593,32 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
             );
             assert!(
                 plan.contains(&format!("ALTER TABLE {t} DISABLE TRIGGER {t}_notify;"))
-                    && plan.contains(&format!("ALTER TABLE {t} ENABLE TRIGGER {t}_notify;"))
+                    && !plan.contains(&format!("ALTER TABLE {t} ENABLE TRIGGER {t}_notify;"))
                     && plan.contains("backend_flush_after = '256kB'"),
-                "the trigger off during the adoption, the backfill's writes flushed as they go:\n{plan}"
+                "the trigger off, the backfill's writes flushed as they go:\n{plan}"
+            );
+            // A relay that LISTENs: the trigger enabled last, once the adoption finished.
+            let mut listening = settings.clone();
+            listening.database.notify = true;
+            let plan = succeeded(
+                "migrate --dry-run, notify = true",
+                &SettingsFile::write(&listening).run(crate::RELAY, &["migrate", "--dry-run"]),
+            );
+            let steps = locks_of(&plan);
+            assert_eq!(steps.len(), 11, "and the trigger enabled:\n{plan}");
+            let at = |step: &str| plan.find(&format!("-- {step}\n")).unwrap_or(usize::MAX);
+            assert!(
+                at(FINISH) < at("enable_room_outbox_notify"),
+                "enabled after the finish:\n{plan}"
+            );
+            says(
+                &steps,
+                "enable_room_outbox_notify",
+                &["SHARE ROW EXCLUSIVE", "ENABLE TRIGGER", "at most 100 ms"],
+            );
+            assert!(
+                plan.contains(&format!("ALTER TABLE {t} ENABLE TRIGGER {t}_notify;")),
+                "{plan}"
             );
             assert!(
                 plan.contains(&format!("ALTER TABLE {t} ADD COLUMN seq BIGINT NULL;"))
@@ -606,7 +633,7 @@ async fn dry_run_says_what_each_step_locks(backend: Backend) {
             );
         }
         Backend::MySql => {
-            assert_eq!(locks.len(), 8, "eight migrations:\n{plan}");
+            assert_eq!(locks.len(), 9, "nine migrations:\n{plan}");
             says(
                 &locks,
                 adopt,
@@ -682,13 +709,14 @@ async fn trigger_state(fixture: &Fixture) -> (String, Option<String>) {
     )
 }
 
-/// PostgreSQL: while `migrate` adopts a table, its insert trigger is off (created
-/// disabled, with a comment saying so: no relay claims before the indexes exist, and
-/// NOTIFYing commits take turns); the run that finishes the adoption turns it on. Here
-/// the first run fails in its finishing step (the producer's own position column has a
-/// duplicate, so its unique index cannot be built): the trigger stays off; once the
-/// duplicate is mended, the next run finishes and turns it on. A trigger the operator
-/// turned off afterwards (docs/operations/wake-ups.md#what-each-wake-up-costs) stays off through a later finishing step.
+/// PostgreSQL, `database.notify = true`: while `migrate` adopts a table, its insert trigger
+/// is off (no relay claims before the indexes exist, and NOTIFYing commits take turns);
+/// the run that finishes the adoption turns it on. Here the first run fails in its
+/// finishing step (the producer's own position column has a duplicate, so its unique
+/// index cannot be built): the trigger stays off; once the duplicate is mended, the next
+/// run finishes and turns it on. With `notify = false`, a trigger the operator turned off
+/// (docs/operations/wake-ups.md#what-each-wake-up-costs) stays off through a later
+/// finishing step.
 #[actix_rt::test]
 async fn the_insert_trigger_is_on_once_the_adoption_finishes() {
     let fixture = Fixture::new(Backend::Postgres, "adopt_trigger").await;
@@ -708,6 +736,7 @@ async fn the_insert_trigger_is_on_once_the_adoption_finishes() {
         .await;
     let broker = TestBroker::new("#").await;
     let mut settings = debezium_settings(&fixture, &broker);
+    settings.database.notify = true;
     let file = SettingsFile::write(&settings);
 
     let failed = file.run(crate::RELAY, &["migrate"]);
@@ -725,14 +754,19 @@ async fn the_insert_trigger_is_on_once_the_adoption_finishes() {
     assert!(
         comment
             .as_deref()
-            .is_some_and(|c| c.contains("until the adoption")),
+            .is_some_and(|c| c.contains("database.notify = true")),
         "{comment:?}"
     );
 
     fixture
         .execute("UPDATE {t} SET seq = 100 WHERE seq = 99 AND (payload->>'n')::int = 100")
         .await;
-    succeeded("migrate", &file.run(crate::RELAY, &["migrate"]));
+    let done = succeeded("migrate", &file.run(crate::RELAY, &["migrate"]));
+    assert!(
+        done.contains(&format!("applied {FINISH}"))
+            && done.contains("applied enable_room_outbox_notify"),
+        "{done}"
+    );
     assert_eq!(
         trigger_state(&fixture).await,
         ("O".to_owned(), None),
@@ -744,6 +778,7 @@ async fn the_insert_trigger_is_on_once_the_adoption_finishes() {
     fixture
         .execute("ALTER TABLE {t} DISABLE TRIGGER {t}_notify")
         .await;
+    settings.database.notify = false;
     settings.database.columns.headers = "hdrs".into();
     let file = SettingsFile::write(&settings);
     let again = succeeded("migrate", &file.run(crate::RELAY, &["migrate"]));

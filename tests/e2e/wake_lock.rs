@@ -2,7 +2,8 @@
 //! (docs/design/wake-ups.md#notify-only-a-sleeping-relay): a producer's insert with no
 //! relay asleep NOTIFYs nothing, one while a session holds the table's wake lock does, and
 //! a relay cannot fall asleep while a producer's insert is uncommitted. `migrate` carries
-//! a trigger of an earlier version over while producers insert, none of them held up.
+//! a trigger of an earlier version over while producers insert, none of them held up, and
+//! leaves it disabled unless a relay LISTENs.
 
 use outbox_store::{InsertTrigger, TableName};
 use outbox_tests::{event, Backend, TestDatabase};
@@ -50,13 +51,26 @@ async fn pending_notifications(listener: &mut PgListener) -> usize {
     std::iter::from_fn(|| listener.next_buffered()).count()
 }
 
+/// A migrated table whose insert trigger is enabled, as `migrate` leaves it for a relay
+/// that LISTENs (`database.notify = true`).
+async fn notifying() -> TestDatabase {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    assert!(
+        outbox_store::enable_notify(database.db(), &database.table)
+            .await
+            .expect("enable the insert trigger"),
+        "migrate leaves the trigger disabled"
+    );
+    database
+}
+
 async fn insert(database: &TestDatabase, id: &str) {
     outbox_tests::seed(database, &[event(id, "room")]).await;
 }
 
 #[actix_rt::test]
 async fn postgres_inserts_notify_only_while_a_relay_sleeps() {
-    let database = TestDatabase::new(Backend::Postgres).await;
+    let database = notifying().await;
     let mut relay = listener(&database).await;
 
     insert(&database, "awake-1").await;
@@ -91,7 +105,7 @@ async fn postgres_inserts_notify_only_while_a_relay_sleeps() {
 /// refused until the producer commits.
 #[actix_rt::test]
 async fn postgres_a_relay_cannot_fall_asleep_over_an_uncommitted_insert() {
-    let database = TestDatabase::new(Backend::Postgres).await;
+    let database = notifying().await;
     let mut relay = listener(&database).await;
     let mut producer = PgConnection::connect(&database.url)
         .await
@@ -126,7 +140,8 @@ async fn postgres_a_relay_cannot_fall_asleep_over_an_uncommitted_insert() {
     database.drop_table().await;
 }
 
-/// The trigger `migrate` made before the wake lock existed: NOTIFY on every insert.
+/// The trigger `migrate` made before the wake lock existed: enabled, NOTIFY on every
+/// insert.
 async fn make_trigger_old(database: &TestDatabase) {
     let t = database.table.as_str();
     for sql in [
@@ -135,7 +150,10 @@ async fn make_trigger_old(database: &TestDatabase) {
             "CREATE TRIGGER {t}_notify AFTER INSERT ON {t} \
              FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()"
         ),
-        format!("DELETE FROM {t}_migrations WHERE name LIKE '%wake_room_outbox_sleepers'"),
+        format!(
+            "DELETE FROM {t}_migrations WHERE name LIKE '%wake_room_outbox_sleepers' \
+             OR name LIKE '%disable_room_outbox_notify'"
+        ),
     ] {
         database.execute(&sql).await;
     }
@@ -162,6 +180,25 @@ async fn trigger(database: &TestDatabase) -> (String, String) {
     )
 }
 
+/// The insert trigger's comment.
+async fn trigger_comment(database: &TestDatabase) -> Option<String> {
+    let t = database.table.as_str();
+    database
+        .db()
+        .query_one(Statement::from_string(
+            DbBackend::Postgres,
+            format!(
+                "SELECT obj_description(oid, 'pg_trigger') AS note FROM pg_trigger \
+                 WHERE tgrelid = '{t}'::regclass AND tgname = '{t}_notify'"
+            ),
+        ))
+        .await
+        .expect("pg_trigger")
+        .expect("the insert trigger exists")
+        .try_get("", "note")
+        .expect("note")
+}
+
 /// Rows in the table.
 async fn count(database: &TestDatabase) -> i64 {
     let t = database.table.as_str();
@@ -180,7 +217,9 @@ async fn count(database: &TestDatabase) -> i64 {
 
 /// An installation from before the wake lock is carried over by `migrate` while a
 /// producer inserts without pause: no insert waits 200 ms, the trigger now NOTIFYs only a
-/// sleeping relay, and a trigger the operator disabled stays disabled.
+/// sleeping relay and is left disabled, so that no insert pays for it; enabled for a relay
+/// that LISTENs, it is the trigger that relay needs. A trigger the operator disabled stays
+/// disabled, and keeps its comment.
 #[actix_rt::test]
 async fn postgres_migrate_carries_an_old_trigger_over_while_producers_insert() {
     let database = TestDatabase::new(Backend::Postgres).await;
@@ -222,19 +261,46 @@ async fn postgres_migrate_carries_an_old_trigger_over_while_producers_insert() {
     stop.set(true);
     let (worst, inserted) = producer.await.expect("the producer");
     println!("carry-over: {inserted} inserts meanwhile, the slowest {worst:?}");
-    assert_eq!(applied, ["m20261206_000009_wake_room_outbox_sleepers"]);
+    assert_eq!(
+        applied,
+        [
+            "m20261206_000009_wake_room_outbox_sleepers",
+            "m20261206_000010_disable_room_outbox_notify"
+        ]
+    );
     let (def, state) = trigger(&database).await;
     assert!(
         def.contains("WHEN ((NOT pg_try_advisory_xact_lock_shared("),
         "{def}"
     );
-    assert_eq!(state, "O");
+    assert_eq!(state, "D", "no insert pays for a trigger nobody asked for");
+    let note = trigger_comment(&database).await;
+    assert!(
+        note.as_deref()
+            .is_some_and(|note| note.contains("database.notify = true")),
+        "a DBA who finds it disabled reads why: {note:?}"
+    );
+    assert_eq!(
+        database.store.insert_trigger().await.expect("the trigger"),
+        InsertTrigger::Off
+    );
+    outbox_tests::assert_within("the slowest insert", worst, Duration::from_millis(200));
+    assert!(outbox_store::enable_notify(database.db(), &database.table)
+        .await
+        .expect("enable"));
+    assert_eq!(trigger(&database).await.1, "O");
+    assert_eq!(trigger_comment(&database).await, None);
     assert_eq!(
         database.store.insert_trigger().await.expect("the trigger"),
         InsertTrigger::WhileAsleep,
         "a relay recognises the trigger it needs: {def}"
     );
-    outbox_tests::assert_within("the slowest insert", worst, Duration::from_millis(200));
+    assert!(
+        !outbox_store::enable_notify(database.db(), &database.table)
+            .await
+            .expect("enable again"),
+        "enabled once"
+    );
 
     // Disabled by its operator: carried over, and still disabled.
     let t = database.table.as_str();
@@ -242,12 +308,21 @@ async fn postgres_migrate_carries_an_old_trigger_over_while_producers_insert() {
     database
         .execute(&format!("ALTER TABLE {t} DISABLE TRIGGER {t}_notify"))
         .await;
+    database
+        .execute(&format!(
+            "COMMENT ON TRIGGER {t}_notify ON {t} IS 'paused: see ticket'"
+        ))
+        .await;
     outbox_store::migrate(database.db(), &database.table)
         .await
         .expect("migrate");
     let (def, state) = trigger(&database).await;
     assert!(def.contains("pg_try_advisory_xact_lock_shared"), "{def}");
     assert_eq!(state, "D", "the operator's DISABLE stays");
+    assert_eq!(
+        trigger_comment(&database).await.as_deref(),
+        Some("paused: see ticket")
+    );
     database.drop_table().await;
 }
 
@@ -257,7 +332,7 @@ async fn postgres_migrate_carries_an_old_trigger_over_while_producers_insert() {
 async fn postgres_two_sleeping_relays_both_wake_on_an_insert() {
     use outbox_core::InsertFeed;
     use outbox_store::wake::listen::PgInsertFeed;
-    let database = TestDatabase::new(Backend::Postgres).await;
+    let database = notifying().await;
     let feed = || {
         PgInsertFeed::new(
             &database.url,
@@ -319,7 +394,7 @@ async fn answer(feed: &mut dyn outbox_core::InsertFeed) {
 #[actix_rt::test]
 async fn postgres_a_woken_relay_stays_awake_while_rows_keep_coming() {
     use outbox_store::wake::WakeUps;
-    let database = TestDatabase::new(Backend::Postgres).await;
+    let database = notifying().await;
     let store = outbox_store::SeaOrmStore::new(database.db().clone(), database.table.clone());
     let wake_ups = WakeUps {
         listen_url: Some(database.url.clone()),

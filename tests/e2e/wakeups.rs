@@ -1,10 +1,18 @@
 //! Insert wake-ups (docs/design/wake-ups.md): with `relay.poll_interval` at
 //! 60 s a poll cannot be what delivers, so a lone event arriving in milliseconds was
-//! noticed by the backend's mechanism (NOTIFY, the `MAX(id)` probe, `PRAGMA data_version`).
+//! noticed by the backend's mechanism (the `MAX(id)` probe, NOTIFY where a PostgreSQL relay
+//! LISTENs, `PRAGMA data_version`).
 
 use outbox_store::NewEvent;
 use outbox_tests::{event, eventually, per_backend, Backend, FaultProxy, RelayProcess, TestApp};
 use std::time::{Duration, Instant};
+
+/// A PostgreSQL relay that LISTENs (`database.notify = true`): migrating on start, it
+/// enables the insert trigger, which `migrate` leaves disabled.
+fn listening(settings: &mut outbox_relay::settings::Settings) {
+    settings.database.notify = true;
+    settings.database.migrate_on_start = true;
+}
 
 /// Longer than any test waits: whatever arrives was woken, not polled.
 const NO_POLL: &str = "60s";
@@ -84,24 +92,26 @@ async fn a_lone_event_on_an_idle_relay_arrives_within_a_second(backend: Backend)
 
 per_backend!(a_lone_event_on_an_idle_relay_arrives_within_a_second: postgres, sqlite, mariadb);
 
-/// PostgreSQL behind a pooler (`notify = false`) probes like MySQL/MariaDB.
+/// PostgreSQL with `notify = true` LISTENs (the probe is the default, as on
+/// MySQL/MariaDB).
 #[actix_rt::test]
-async fn without_notify_postgres_probes_and_a_lone_event_arrives_within_a_second() {
+async fn with_notify_postgres_listens_and_a_lone_event_arrives_within_a_second() {
     let app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
             settings.relay.poll_interval = NO_POLL.into();
-            settings.database.notify = false;
+            listening(settings);
         })
         .spawn()
         .await;
     warm_up(&app).await;
-    lone_event_within_a_second(&app, "postgres, notify off", "lone").await;
+    lone_event_within_a_second(&app, "postgres, notify on", "lone").await;
     app.teardown().await;
 }
 
 /// A relay idle on `backend` behind a proxy to its database (a 60 s poll), warmed up.
 /// SQLite is a file in the relay's own process: there is no link to cut, so the outage
-/// tests run on PostgreSQL and MySQL/MariaDB only.
+/// tests run on PostgreSQL (LISTEN, whose connection must come back) and MySQL/MariaDB
+/// (the probe) only.
 async fn behind_a_proxy(backend: Backend) -> (FaultProxy, TestApp) {
     assert!(backend != Backend::Sqlite, "a file has no link to cut");
     let url = outbox_tests::services::database_url(backend);
@@ -110,6 +120,9 @@ async fn behind_a_proxy(backend: Backend) -> (FaultProxy, TestApp) {
         .settings(|settings| {
             settings.database.url = outbox_tests::through(proxy.addr, &url);
             settings.relay.poll_interval = NO_POLL.into();
+            if backend == Backend::Postgres {
+                listening(settings);
+            }
         })
         .spawn()
         .await;
@@ -204,6 +217,7 @@ async fn an_unavailable_listen_connection_falls_back_to_polling_with_one_warning
             settings.database.listen_url = outbox_tests::through(refusing.addr, &url);
             settings.relay.poll_interval = "200ms".into();
             settings.log.format = "json".into();
+            listening(settings);
         })
         .build()
         .await;
@@ -294,10 +308,10 @@ async fn starts_feed(
     app.teardown().await;
 }
 
-/// NOTIFY on PostgreSQL, `PRAGMA data_version` on SQLite, the probe on MySQL/MariaDB.
+/// The probe on PostgreSQL and MySQL/MariaDB, `PRAGMA data_version` on SQLite.
 async fn each_backend_starts_its_own_feed(backend: Backend) {
     let feed = match backend {
-        Backend::Postgres => "notify",
+        Backend::Postgres => "probe",
         Backend::Sqlite => "data_version",
         Backend::MySql => "probe",
     };
@@ -306,13 +320,14 @@ async fn each_backend_starts_its_own_feed(backend: Backend) {
 
 per_backend!(each_backend_starts_its_own_feed: postgres, sqlite, mariadb);
 
-/// With the insert trigger disabled (docs/operations/wake-ups.md#what-each-wake-up-costs: to spare the producers its
-/// NOTIFY), a node left with `notify = true` says so and probes: a lone event still
-/// arrives within a second.
+/// With the insert trigger disabled (as `migrate` leaves it; docs/operations/wake-ups.md#what-each-wake-up-costs),
+/// a node with `notify = true` that does not migrate on start says so, naming `migrate`,
+/// and probes: a lone event still arrives within a second.
 #[actix_rt::test]
 async fn postgres_with_the_trigger_off_probes_even_with_notify_on() {
     let app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
+            settings.database.notify = true;
             settings.log.format = "json".into();
             settings.log.level = FEED_LOGS.into();
         })
@@ -326,16 +341,19 @@ async fn postgres_with_the_trigger_off_probes_even_with_notify_on() {
     let started = feed_started(&relay).await;
     assert_eq!(started["feed"], "probe", "{started}");
     let warned = relay.log_lines("the table's insert trigger");
-    assert_eq!(warned.len(), 1, "one warning: {warned:?}");
-    assert_eq!(warned[0]["level"], "WARN", "{}", warned[0]);
+    one_warning_naming(
+        &warned,
+        "`outbox-relay migrate` with database.notify = true",
+    );
     lone_event_within_a_second(&app, "trigger-off", "trigger-off-1").await;
     relay.stop(Duration::from_secs(10)).await;
     app.teardown().await;
 }
 
-/// A relay that probes (`notify = false`) says once that the enabled insert trigger still
-/// costs every insert, naming the statement that disables it; once it is disabled, a
-/// relay says nothing of it.
+/// A relay that probes (`notify = false`) on a table whose insert trigger was enabled (by
+/// another node's `migrate` with `notify = true`) says once that it still costs every
+/// insert, naming the statement that disables it; once it is disabled, as `migrate` leaves
+/// it, a relay says nothing of it.
 #[actix_rt::test]
 async fn postgres_without_notify_names_the_trigger_every_insert_still_pays_for() {
     let app = TestApp::on(Backend::Postgres)
@@ -346,6 +364,12 @@ async fn postgres_without_notify_names_the_trigger_every_insert_still_pays_for()
         })
         .build()
         .await;
+    assert!(
+        outbox_store::enable_notify(app.database.db(), &app.database.table)
+            .await
+            .expect("enable the insert trigger"),
+        "migrate left it disabled"
+    );
     let t = app.database.table.as_str();
     let disable = format!("ALTER TABLE {t} DISABLE TRIGGER {t}_notify");
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
@@ -370,6 +394,19 @@ async fn postgres_without_notify_names_the_trigger_every_insert_still_pays_for()
     app.teardown().await;
 }
 
+/// `lines` are one warning, and it says `phrase`.
+fn one_warning_naming(lines: &[serde_json::Value], phrase: &str) {
+    assert_eq!(lines.len(), 1, "one warning: {lines:?}");
+    assert_eq!(lines[0]["level"], "WARN", "{}", lines[0]);
+    assert!(
+        lines[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(phrase)),
+        "{phrase:?} not in {}",
+        lines[0]
+    );
+}
+
 /// The first log line of `relay`'s feed starting (`listening for inserts`), once there.
 async fn feed_started(relay: &RelayProcess) -> serde_json::Value {
     eventually("the feed to start", Duration::from_secs(10), || {
@@ -386,6 +423,7 @@ async fn feed_started(relay: &RelayProcess) -> serde_json::Value {
 async fn postgres_with_a_trigger_that_notifies_every_insert_says_to_migrate() {
     let app = TestApp::on(Backend::Postgres)
         .settings(|settings| {
+            settings.database.notify = true;
             settings.database.migrate_on_start = false;
             settings.log.format = "json".into();
             settings.log.level = FEED_LOGS.into();
@@ -414,26 +452,54 @@ async fn postgres_with_a_trigger_that_notifies_every_insert_says_to_migrate() {
                 .is_some_and(|m| m.contains("NOTIFYs on every insert"))
         })
         .collect();
-    assert_eq!(warned.len(), 1, "one warning: {warned:?}");
-    assert_eq!(warned[0]["level"], "WARN", "{}", warned[0]);
-    assert!(
-        warned[0]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("outbox-relay migrate")),
-        "{}",
-        warned[0]
-    );
+    one_warning_naming(&warned, "outbox-relay migrate");
     lone_event_within_a_second(&app, "old-trigger", "old-trigger-1").await;
     relay.stop(Duration::from_secs(10)).await;
     app.teardown().await;
 }
 
+/// `notify = true` with `migrate_on_start`: migrating enables the insert trigger (and says
+/// so), and the relay LISTENs.
 #[actix_rt::test]
-async fn postgres_without_notify_starts_the_probe() {
-    starts_feed(
-        Backend::Postgres,
-        |settings| settings.database.notify = false,
-        "probe",
-    )
-    .await;
+async fn postgres_with_notify_migrate_enables_the_trigger_and_the_relay_listens() {
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            listening(settings);
+            settings.log.format = "json".into();
+            settings.log.level = FEED_LOGS.into();
+        })
+        .build()
+        .await;
+    assert_eq!(
+        app.database
+            .store
+            .insert_trigger()
+            .await
+            .expect("the trigger"),
+        outbox_store::InsertTrigger::Off,
+        "migrate leaves it disabled"
+    );
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    assert_eq!(feed_started(&relay).await["feed"], "notify");
+    let applied = relay.log_lines("migration applied");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(
+        applied[0]["migration"], "enable_room_outbox_notify",
+        "{}",
+        applied[0]
+    );
+    assert_eq!(
+        app.database
+            .store
+            .insert_trigger()
+            .await
+            .expect("the trigger"),
+        outbox_store::InsertTrigger::WhileAsleep
+    );
+    assert!(
+        relay.log_lines("the table's insert trigger").is_empty(),
+        "nothing to say of the trigger it enabled"
+    );
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
 }

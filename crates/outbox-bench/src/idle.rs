@@ -18,9 +18,10 @@ pub struct IdleArgs {
     /// Seconds measured, after a second to settle.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
-    /// PostgreSQL: no LISTEN (the probe, unless `--no-probe`).
+    /// PostgreSQL: LISTEN for the insert trigger's NOTIFY (`database.notify = true`,
+    /// trigger enabled) instead of the probe.
     #[arg(long)]
-    no_notify: bool,
+    notify: bool,
     /// No probe: the relay only polls.
     #[arg(long)]
     no_probe: bool,
@@ -32,7 +33,7 @@ pub struct IdleArgs {
 /// Runs an idle relay for `--seconds` and prints its CPU and the database's load.
 pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
     let bench = Bench::setup(args.backend, |settings| {
-        settings.database.notify = !args.no_notify;
+        settings.database.notify = args.notify;
         settings.database.probe = !args.no_probe;
         if let Some(interval) = &args.probe_interval {
             settings.database.probe_interval = interval.as_str().into();
@@ -62,7 +63,7 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
         "idle: {backend}, {} s, notify {}, probe {}: relay CPU {relay_cpu} % of a core | \
          database {} statements/s, server CPU {} % of a core",
         args.seconds,
-        !args.no_notify,
+        args.notify,
         !args.no_probe,
         queries.map_or("n/a".into(), |q| q.to_string()),
         server_cpu.map_or("n/a".into(), |c| c.to_string()),
@@ -70,7 +71,7 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
     println!(
         "{}",
         serde_json::json!({"scenario": "idle", "backend": backend, "seconds": args.seconds,
-            "notify": !args.no_notify, "probe": !args.no_probe,
+            "notify": args.notify, "probe": !args.no_probe,
             "probe_interval": args.probe_interval, "relay_cpu_percent": relay_cpu,
             "statements_per_sec": queries, "server_cpu_percent": server_cpu})
     );

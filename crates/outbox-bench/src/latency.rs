@@ -28,12 +28,12 @@ pub struct LatencyArgs {
     /// `relay.publishers`.
     #[arg(long, default_value_t = 4)]
     publishers: i64,
-    /// Turn PostgreSQL's LISTEN/NOTIFY off (`database.notify = false`): it probes instead,
-    /// or only polls with `--no-probe` too.
+    /// PostgreSQL: LISTEN for the insert trigger's NOTIFY (`database.notify = true`, the
+    /// trigger enabled by `migrate`) instead of the probe.
     #[arg(long)]
-    no_notify: bool,
+    notify: bool,
     /// Turn the probe off (`database.probe = false`): SQLite, MySQL/MariaDB and PostgreSQL
-    /// with `--no-notify` only poll, for the old figure.
+    /// without `--notify` only poll, for the old figure.
     #[arg(long)]
     no_probe: bool,
     /// Repeat the run this many times and report each run and the medians.
@@ -46,7 +46,7 @@ impl LatencyArgs {
     /// `notify`, `probe`, `data_version`, or `none` (polling only).
     fn wake_ups(&self) -> &'static str {
         match self.backend {
-            Backend::Postgres if !self.no_notify => "notify",
+            Backend::Postgres if self.notify => "notify",
             _ if self.no_probe => "none",
             Backend::Postgres | Backend::Mysql => "probe",
             Backend::Sqlite => "data_version",
@@ -120,7 +120,7 @@ pub async fn run(args: LatencyArgs) -> anyhow::Result<()> {
 async fn latency_once(args: &LatencyArgs) -> anyhow::Result<LatencyRun> {
     let bench = Bench::setup(args.backend, |settings| {
         settings.relay.publishers = args.publishers;
-        settings.database.notify = !args.no_notify;
+        settings.database.notify = args.notify;
         settings.database.probe = !args.no_probe;
     })
     .await?;

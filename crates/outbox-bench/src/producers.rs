@@ -62,11 +62,11 @@ pub struct ProducersArgs {
     /// Bytes of each event's envelope.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(64..))]
     envelope_bytes: u64,
-    /// PostgreSQL: the relay does not LISTEN (`database.notify = false`): it probes, unless
-    /// `--no-probe`; and, as the operations guide advises with it, the table's insert
-    /// trigger is disabled, so that no insert pays for it.
+    /// PostgreSQL: the relay LISTENs (`database.notify = true`), and `migrate` enables the
+    /// table's insert trigger, which every insert pays for; without it the relay probes
+    /// (unless `--no-probe`) and the trigger stays disabled.
     #[arg(long)]
-    no_notify: bool,
+    notify: bool,
     /// The relay does not probe (`database.probe = false`).
     #[arg(long)]
     no_probe: bool,
@@ -75,8 +75,8 @@ pub struct ProducersArgs {
 impl ProducersArgs {
     /// The relay's wake-up, for the figures: `notify`, `probe`, `data_version` or `none`.
     fn wake_ups(&self) -> &'static str {
-        match (self.backend, self.no_notify, self.no_probe) {
-            (Backend::Postgres, false, _) => "notify",
+        match (self.backend, self.notify, self.no_probe) {
+            (Backend::Postgres, true, _) => "notify",
             (_, _, true) => "none",
             (Backend::Sqlite, _, false) => "data_version",
             (Backend::Postgres | Backend::Mysql, _, false) => "probe",
@@ -156,21 +156,11 @@ pub async fn run(args: ProducersArgs) -> anyhow::Result<()> {
         args.wake_ups()
     );
     let bench = Bench::setup(args.backend, |settings| {
-        settings.database.notify = !args.no_notify;
+        settings.database.notify = args.notify;
         settings.database.probe = !args.no_probe;
     })
     .await?;
     let bare = format!("{}_bare", bench.store.table().as_str());
-    if args.no_notify && matches!(args.backend, Backend::Postgres) {
-        let table = bench.store.table();
-        let trigger = table.notify_trigger();
-        bench
-            .store
-            .connection()
-            .execute_unprepared(&format!("ALTER TABLE {table} DISABLE TRIGGER {trigger}"))
-            .await
-            .with_context(|| format!("cannot disable {trigger}"))?;
-    }
     let outcome = measure_all(&args, &bench, &bare).await;
     // Teardown whatever happened: the bare copy first (on PostgreSQL its default draws on
     // the relay table's sequence, which goes with that table).

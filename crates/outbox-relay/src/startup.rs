@@ -56,7 +56,7 @@ async fn open_checked(
     let mut opened = open_unchecked(config, selector).await?;
     for outbox in &mut opened {
         if migrate {
-            for name in migrate_table(&outbox.store).await? {
+            for name in migrate_table(&outbox.store, config.database.notify).await? {
                 info!(outbox = %outbox.config.name, migration = name, table = %outbox.config.table, "migration applied");
             }
         }
@@ -178,10 +178,37 @@ pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<SeaOrm
     Ok(opened.remove(0).store)
 }
 
-/// Creates or upgrades the store's table for its mapping; returns the migrations applied
-/// now. A database that refuses (a role without the privileges to create or alter the
-/// table) is a [`ConfigProblem`] saying who may migrate.
-pub async fn migrate_table(store: &SeaOrmStore) -> anyhow::Result<Vec<&'static str>> {
+/// Creates or upgrades the store's table for its mapping, and on PostgreSQL with `notify`
+/// (`database.notify`) enables the insert trigger a LISTEN needs; returns the migrations
+/// applied now. A database that refuses (a role without the privileges to create or alter
+/// the table) is a [`ConfigProblem`] saying who may migrate; one that refuses to enable
+/// the trigger is a warning, since the relay then probes for new rows instead.
+pub async fn migrate_table(store: &SeaOrmStore, notify: bool) -> anyhow::Result<Vec<&'static str>> {
+    let mut applied = migrate_schema(store).await?;
+    if !notify {
+        return Ok(applied);
+    }
+    let table = store.table();
+    match outbox_store::enable_notify(store.connection(), table).await {
+        Ok(true) => applied.push(outbox_store::ENABLE_NOTIFY),
+        Ok(false) => {}
+        Err(error) => {
+            let text = match &error {
+                outbox_store::Error::Database(cause) => outbox_store::error::describe(cause),
+                other => other.to_string(),
+            };
+            warn!(
+                %table,
+                "cannot enable the table's insert trigger ({trigger}) that database.notify = true needs: {text}; the relay probes for new rows instead. Enabling it needs the table's owner: run `outbox-relay migrate` as that role (docs/operations/wake-ups.md)",
+                trigger = table.notify_trigger(),
+            );
+        }
+    }
+    Ok(applied)
+}
+
+/// [`migrate_table`]'s migrations, without the trigger.
+async fn migrate_schema(store: &SeaOrmStore) -> anyhow::Result<Vec<&'static str>> {
     let table = store.table();
     // Nothing to apply (read first, as `migrate --dry-run` does): nothing to lock or
     // create either, so a role that may only read and write rows starts with
@@ -373,7 +400,7 @@ async fn start_one(
                 warn!(
                     %outbox,
                     table = %store.table(),
-                    "the table's insert trigger ({}) is missing, disabled or made for another table name, so no NOTIFY announces new rows: probing for them instead (database.notify = false says so without this warning)",
+                    "the table's insert trigger ({}) is missing, disabled or made for another table name, so no NOTIFY announces new rows: probing for them instead. `outbox-relay migrate` with database.notify = true enables it (as the table's owner); database.notify = false probes without this warning",
                     store.table().notify_trigger()
                 );
                 notify = false;

@@ -67,7 +67,9 @@ pub use columns::{
 };
 pub use connection_url::{connection_url, is_local, PG_SSL_MODES};
 pub use error::Error;
-pub use migration::{migrate, migrate_columns, plan, PlannedStep};
+pub use migration::{
+    enable_notify, migrate, migrate_columns, plan, plan_enable_notify, PlannedStep, ENABLE_NOTIFY,
+};
 pub use node_lock::NodeLock;
 pub use privileges::{missing_privileges, MissingPrivilege};
 pub use producer::{enqueue, insert_events, NewEvent};

@@ -6,8 +6,8 @@ use crate::settings::Config;
 use crate::startup::{check_columns, migrate_table, open_unchecked};
 use anyhow::Context as _;
 
-/// Creates or upgrades each selected outbox's table and its indexes, then checks its
-/// mapping; with `--dry-run`, prints what it would do and changes nothing. Waits up to
+/// Creates or upgrades each selected outbox's table and its indexes (on PostgreSQL with
+/// `database.notify`, enables its insert trigger), then checks its mapping; with `--dry-run`, prints what it would do and changes nothing. Waits up to
 /// `--wait` for a database that cannot be reached yet (as an init container must, started
 /// beside the database).
 pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
@@ -27,9 +27,17 @@ pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
         let (name, table) = (&outbox.config.name, &outbox.config.table);
         if args.dry_run {
             let store = &outbox.store;
-            let steps = outbox_store::plan(store.connection(), store.table(), store.columns())
+            let planning = || format!("outbox {name}: cannot plan the migration of {table}");
+            let mut steps = outbox_store::plan(store.connection(), store.table(), store.columns())
                 .await
-                .with_context(|| format!("outbox {name}: cannot plan the migration of {table}"))?;
+                .with_context(planning)?;
+            if config.database.notify {
+                let enable =
+                    outbox_store::plan_enable_notify(store.connection(), store.table(), &steps)
+                        .await
+                        .with_context(planning)?;
+                steps.extend(enable);
+            }
             if steps.is_empty() {
                 say!("outbox {name}: table {table} is up to date; nothing to do")?;
             } else {
@@ -47,7 +55,7 @@ pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
             }
             continue;
         }
-        let applied = migrate_table(&outbox.store)
+        let applied = migrate_table(&outbox.store, config.database.notify)
             .await
             .with_context(|| format!("outbox {name}"))?;
         if applied.is_empty() {

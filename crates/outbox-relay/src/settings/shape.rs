@@ -56,7 +56,9 @@ pub struct DatabaseSettings {
     /// Create or upgrade the table when `run` or `demo` starts.
     pub migrate_on_start: bool,
     /// PostgreSQL: LISTEN for the insert trigger's NOTIFY and claim at once (polling stays
-    /// as the fallback). Ignored on other backends, which probe.
+    /// as the fallback); `migrate` then enables the trigger, which costs every producer's
+    /// insert. `false` (the default): probe like the other backends, and the producers pay
+    /// nothing. Ignored on other backends, which probe.
     pub notify: bool,
     /// PostgreSQL: a session connection for LISTEN and the node lock when `url` goes
     /// through a pooler in transaction mode (PgBouncer), which keeps neither. Blank: `url`.
@@ -380,7 +382,7 @@ impl Default for DatabaseSettings {
             table: "room_outbox".into(),
             max_connections: 10,
             migrate_on_start: true,
-            notify: true,
+            notify: false,
             listen_url: String::new(),
             probe: true,
             probe_interval: "5ms".into(),

@@ -11,7 +11,10 @@
 
 mod adopt;
 mod create;
+mod notify;
 mod online;
+
+pub use notify::{enable_notify, plan_enable_notify, ENABLE_NOTIFY};
 
 use crate::columns::{ColumnSetting, Columns};
 use crate::dialect::{Dialect, Params};
@@ -32,7 +35,7 @@ pub(crate) struct Context<'a> {
     shape: Option<&'a TableShape>,
     /// PostgreSQL: this run adopts a table that existed before it (the finishing step,
     /// [`online::FINISH`], is still to run on it): the insert trigger is created disabled
-    /// and the finishing step enables it ([`create_notify`]).
+    /// ([`notify::create_notify`]).
     adopting: bool,
 }
 
@@ -88,8 +91,8 @@ const MIGRATIONS: &[Migration] = &[
         statements: create_lock,
     },
     Migration {
-        name: "m20261202_000003_create_room_outbox_notify",
-        statements: create_notify,
+        name: notify::CREATE_NOTIFY,
+        statements: notify::create_notify,
     },
     Migration {
         name: "m20261202_000004_set_room_outbox_fillfactor",
@@ -109,7 +112,11 @@ const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         name: WAKE_SLEEPERS,
-        statements: wake_sleepers,
+        statements: notify::wake_sleepers,
+    },
+    Migration {
+        name: notify::DISABLE_NOTIFY,
+        statements: notify::disable_notify,
     },
 ];
 
@@ -201,73 +208,6 @@ fn drop_room_index(cx: &Context<'_>) -> Result<Vec<String>, Error> {
 /// The fillfactor of PostgreSQL outbox tables ([`lower_fillfactor`]).
 pub const FILLFACTOR: u32 = 45;
 
-/// PostgreSQL: NOTIFY the channel named after the table once per INSERT statement (not
-/// per row), delivered at commit; the relay LISTENs and claims at once. Other backends
-/// keep polling.
-fn create_notify(cx: &Context<'_>) -> Result<Vec<String>, Error> {
-    let t = cx.table;
-    if cx.dialect != Dialect::Postgres {
-        return Ok(Vec::new());
-    }
-    let notify = t.notify_trigger();
-    let mut statements = vec![
-        format!(
-            "CREATE OR REPLACE FUNCTION {notify}() RETURNS trigger LANGUAGE plpgsql AS \
-             $$ BEGIN PERFORM pg_notify('{t}', ''); RETURN NULL; END $$"
-        ),
-        format!("DROP TRIGGER IF EXISTS {notify} ON {t}"),
-        format!(
-            "CREATE TRIGGER {notify} AFTER INSERT ON {t} \
-             FOR EACH STATEMENT EXECUTE FUNCTION {notify}()"
-        ),
-    ];
-    if cx.adopting {
-        // Adopting a live table: no relay can claim before the finishing step has numbered
-        // the rows and built the indexes, so a NOTIFY would wake nobody; but every
-        // NOTIFYing commit holds a lock through its flush, so while the backfill and the
-        // index builds keep the disk busy the producers' commits would take turns behind
-        // each slow flush (BENCHMARKS.md, "Adopting a live table"). Enabled by the
-        // finishing step, which knows it from the comment (an operator's own DISABLE
-        // has none, and stays).
-        statements.push(format!("ALTER TABLE {t} DISABLE TRIGGER {notify}"));
-        statements.push(format!(
-            "COMMENT ON TRIGGER {notify} ON {t} IS '{}'",
-            online::DISABLED_UNTIL_FINISHED
-        ));
-    }
-    Ok(statements)
-}
-
-/// PostgreSQL: the insert trigger NOTIFYs only while a relay sleeps. Its `WHEN` tries
-/// the wake lock ([`TableName::wake_lock`]) in shared mode: that
-/// fails only while a relay holds it, which a relay does while it waits on its LISTEN
-/// connection with nothing to claim, and lets go when woken. A producer's commit that
-/// NOTIFYs takes a cluster-wide lock through its flush, so NOTIFYing commits take turns
-/// instead of sharing flushes (group commit); with no relay asleep, or none running, a
-/// producer's insert pays one shared lock, held to its commit, and NOTIFYs nothing. The
-/// trigger is replaced as it is: missing stays missing, disabled stays disabled, its
-/// comment (an adoption under way) is kept. Why: docs/design/wake-ups.md#notify-only-a-sleeping-relay.
-fn wake_sleepers(cx: &Context<'_>) -> Result<Vec<String>, Error> {
-    let t = cx.table;
-    if cx.dialect != Dialect::Postgres {
-        return Ok(Vec::new());
-    }
-    let notify = t.notify_trigger();
-    let key = t.wake_lock();
-    Ok(vec![format!(
-        "DO $do$ DECLARE state \"char\"; note text; BEGIN \
-         SELECT tgenabled, obj_description(oid, 'pg_trigger') INTO state, note FROM pg_trigger \
-         WHERE tgrelid = '{t}'::regclass AND tgname = '{notify}'; \
-         IF NOT FOUND THEN RETURN; END IF; \
-         DROP TRIGGER {notify} ON {t}; \
-         CREATE TRIGGER {notify} AFTER INSERT ON {t} FOR EACH STATEMENT \
-         WHEN (NOT pg_try_advisory_xact_lock_shared({key})) EXECUTE FUNCTION {notify}(); \
-         IF state = 'D' THEN ALTER TABLE {t} DISABLE TRIGGER {notify}; END IF; \
-         IF note IS NOT NULL THEN EXECUTE format('COMMENT ON TRIGGER {notify} ON {t} IS %L', note); END IF; \
-         END $do$"
-    )])
-}
-
 /// `<table>_lock`: one row whose row lock serialises per-room claims across nodes
 /// (see `claim/mod.rs`). SQLite serialises writers by itself.
 fn create_lock(cx: &Context<'_>) -> Result<Vec<String>, Error> {
@@ -327,11 +267,12 @@ pub struct PlannedStep {
 fn lock_note(name: &str, dialect: Dialect) -> &'static str {
     match (dialect, name) {
         (Dialect::Sqlite, _) => "the database's write lock, for the step's statements (milliseconds on a new table; adding created_at to an existing one rewrites each row)",
-        (Dialect::Postgres, online::FINISH) => "no table lock that stops inserts: row locks of one batch of pages at a time (tens of milliseconds each), then each index built CONCURRENTLY (SHARE UPDATE EXCLUSIVE: inserts and updates go on; it waits for older transactions), then ENABLE TRIGGER if migrate disabled it (SHARE ROW EXCLUSIVE: milliseconds; at most 100 ms waiting for the lock, retried)",
+        (Dialect::Postgres, online::FINISH) => "no table lock that stops inserts: row locks of one batch of pages at a time (tens of milliseconds each), then each index built CONCURRENTLY (SHARE UPDATE EXCLUSIVE: inserts and updates go on; it waits for older transactions)",
         (Dialect::Postgres, CREATE | ADD_MAPPED_COLUMNS) => "ACCESS EXCLUSIVE on the table for catalogue changes only (no rewrite, no index build): milliseconds; it waits at most 100 ms for the lock (lock_timeout), then gives up and is retried",
         (Dialect::Postgres, "m20261204_000008_drop_room_outbox_room_index") => "ACCESS EXCLUSIVE on the table for DROP INDEX: milliseconds once granted; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, WAKE_SLEEPERS) => "ACCESS EXCLUSIVE on the table to drop and create the insert trigger again in one transaction: milliseconds once granted; at most 100 ms waiting for the lock, retried",
-        (Dialect::Postgres, "m20261202_000003_create_room_outbox_notify") => "SHARE ROW EXCLUSIVE on the table for CREATE TRIGGER (on a table being adopted, created disabled until the finishing step ends, so the producers' commits do not take turns at NOTIFY while the backfill and the index builds keep the disk busy): milliseconds; at most 100 ms waiting for the lock, retried",
+        (Dialect::Postgres, notify::DISABLE_NOTIFY) => "SHARE ROW EXCLUSIVE on the table for DISABLE TRIGGER (skipped when it is disabled already): milliseconds; at most 100 ms waiting for the lock, retried",
+        (Dialect::Postgres, notify::CREATE_NOTIFY) => "SHARE ROW EXCLUSIVE on the table for CREATE TRIGGER (on a table being adopted, created disabled until the finishing step ends, so the producers' commits do not take turns at NOTIFY while the backfill and the index builds keep the disk busy): milliseconds; at most 100 ms waiting for the lock, retried",
         (Dialect::Postgres, _) => "SHARE UPDATE EXCLUSIVE or none (inserts go on): milliseconds; at most 100 ms waiting for the lock, retried",
         (Dialect::MySql, CREATE | ADD_MAPPED_COLUMNS) => "ADD COLUMN: a metadata lock for an instant change where the server allows (MariaDB 10.3+, MySQL 8.0.12+; an AUTO_INCREMENT position copies the table, blocking writes for as long); each CREATE INDEX ALGORITHM=INPLACE LOCK=NONE: writes go on while it builds; each statement waits at most 1 s for the metadata lock behind a transaction open on the table (lock_wait_timeout; inserts queue behind it meanwhile), then gives up and is retried",
         (Dialect::MySql, _) => "a metadata lock: milliseconds; at most 1 s waiting for it, retried",

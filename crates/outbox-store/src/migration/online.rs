@@ -7,9 +7,10 @@
 //!   afterwards, in batches of pages, in their physical order ([`backfill`]).
 //! - Every index of an adopted table is built `CONCURRENTLY`, outside any transaction,
 //!   after the backfill ([`finish_statements`]); producers keep inserting meanwhile.
-//! - The insert trigger is created disabled and enabled once the indexes are built: no
-//!   relay claims before, and each NOTIFYing commit holds a lock through its flush, so
-//!   the producers' commits would take turns behind every flush the backfill slows down.
+//! - The insert trigger is created disabled and, where `migrate` enables it at all
+//!   (`database.notify = true`), enabled only once the adoption finished: no relay claims
+//!   before, and each NOTIFYing commit holds a lock through its flush, so the producers'
+//!   commits would take turns behind every flush the backfill slows down.
 //! - Every migration transaction sets a short `lock_timeout` once it holds the migration
 //!   lock ([`LOCK_TIMEOUT`]): an `ALTER TABLE` that would wait behind a long transaction
 //!   gives up at once (and is retried, `super::migrate_columns`) instead of making every
@@ -89,8 +90,9 @@ const BACKFILL_PAGES: i64 = 256;
 pub(super) const FINISH: &str = "m20261204_000006_finish_room_outbox_adoption";
 
 /// The comment on the insert trigger of a table being adopted, which `migrate` created
-/// disabled (`create_notify`): the finishing step enables the trigger only when it says
-/// this, so an operator's own `DISABLE TRIGGER` stays.
+/// disabled (`create_notify`). The finishing step of earlier builds enabled a trigger
+/// that said this; now the migration that leaves the trigger disabled replaces it
+/// (`notify::disable_notify`), and `notify::enable_notify` leaves such a trigger alone.
 /// (No quote in it: it goes into the statement as a literal.)
 pub(super) const DISABLED_UNTIL_FINISHED: &str =
     "disabled by outbox-relay migrate until the adoption finishes (backfill, index builds)";
@@ -131,21 +133,7 @@ pub(super) fn finish_statements(cx: &Context<'_>) -> Vec<String> {
         backfill_statement(cx, 0)
     )];
     statements.extend(concurrent_indexes(cx));
-    // Run only when migrate disabled the trigger for the adoption (its comment says so):
-    // the step's lock note says what it locks.
-    statements.extend(enable_trigger(cx));
     statements
-}
-
-/// Enables the insert trigger `migrate` created disabled, and drops the comment that says
-/// so ([`DISABLED_UNTIL_FINISHED`]).
-fn enable_trigger(cx: &Context<'_>) -> [String; 2] {
-    let t = cx.table;
-    let notify = t.notify_trigger();
-    [
-        format!("ALTER TABLE {t} ENABLE TRIGGER {notify}"),
-        format!("COMMENT ON TRIGGER {notify} ON {t} IS NULL"),
-    ]
 }
 
 /// Numbers the rows of pages `[first, first + BACKFILL_PAGES)` whose position is NULL, in
@@ -235,22 +223,6 @@ pub(super) async fn finish(db: &DatabaseConnection, cx: &Context<'_>) -> Result<
         }
         drop_if_invalid(db, &statement).await?;
         build_index(db, &statement).await?;
-    }
-    let mut params = Params::new(Dialect::Postgres);
-    let (table, trigger, comment) = (
-        params.bind(t.as_str()),
-        params.bind(t.notify_trigger()),
-        params.bind(DISABLED_UNTIL_FINISHED),
-    );
-    let disabled_by_us = db
-        .query_one(params.statement(format!(
-            "SELECT 1 AS disabled FROM pg_trigger WHERE tgrelid = to_regclass({table}) \
-             AND tgname = {trigger} AND obj_description(oid, 'pg_trigger') = {comment}"
-        )))
-        .await?
-        .is_some();
-    if disabled_by_us {
-        with_lock_timeout(db, cx, &enable_trigger(cx)).await?;
     }
     Ok(())
 }
@@ -415,15 +387,10 @@ mod tests {
         let finish = finish_statements(&cx);
         assert!(finish[0].contains("ctid >= '(0,0)'::tid"), "{}", finish[0]);
         assert!(finish[0].contains("backend_flush_after"), "{}", finish[0]);
-        let (indexes, trigger) = finish[1..].split_at(finish.len() - 3);
-        assert!(indexes
+        assert!(finish[1..]
             .iter()
             .all(|s| s.contains(" INDEX CONCURRENTLY IF NOT EXISTS ")));
-        assert_eq!(
-            trigger[0],
-            "ALTER TABLE outbox ENABLE TRIGGER outbox_notify"
-        );
-        let created = super::super::create_notify(&cx).unwrap();
+        let created = super::super::notify::create_notify(&cx).unwrap();
         assert_eq!(
             created[3],
             "ALTER TABLE outbox DISABLE TRIGGER outbox_notify"
@@ -433,7 +400,10 @@ mod tests {
             adopting: false,
             ..cx
         };
-        assert_eq!(super::super::create_notify(&fresh).unwrap().len(), 3);
+        assert_eq!(
+            super::super::notify::create_notify(&fresh).unwrap().len(),
+            3
+        );
         assert_eq!(retry_delay(1), Duration::from_millis(100));
         assert_eq!(retry_delay(30), Duration::from_millis(1600));
     }

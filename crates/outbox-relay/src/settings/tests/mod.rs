@@ -618,9 +618,9 @@ fn sizes_below_zero_fall_back_to_defaults_with_warnings() {
 }
 
 #[test]
-fn wake_ups_default_to_a_5ms_probe_and_listen_on_the_pool_url() {
+fn wake_ups_default_to_a_5ms_probe_without_listen() {
     let config = load("", &[]).unwrap();
-    assert!(config.database.notify);
+    assert!(!config.database.notify, "PostgreSQL probes by default");
     assert_eq!(config.database.listen_url, None);
     assert_eq!(
         config.database.probe_interval,

@@ -49,7 +49,7 @@ fn string_settings_from_the_environment_are_text_and_numbers_parse() {
             ("OUTBOX_RELAY__RELAY__NODE_ID", "7"),
             ("OUTBOX_RELAY__RELAY__NAME", "0123"),
             ("OUTBOX_RELAY__RELAY__BATCH_SIZE", "42"),
-            ("OUTBOX_RELAY__DATABASE__NOTIFY", "false"),
+            ("OUTBOX_RELAY__DATABASE__NOTIFY", "true"),
             (
                 "OUTBOX_RELAY__AMQP__ROUTES",
                 "[{event_type = \"a.*\", exchange = \"x\"}]",
@@ -60,7 +60,7 @@ fn string_settings_from_the_environment_are_text_and_numbers_parse() {
     assert_eq!(config.relay.node_id, "7");
     assert_eq!(config.relay.name, "0123");
     assert_eq!(config.relay.batch_size, 42);
-    assert!(!config.database.notify);
+    assert!(config.database.notify);
     assert_eq!(config.amqp.routing().router.routes.len(), 1);
 }
 
