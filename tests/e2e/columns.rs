@@ -129,13 +129,13 @@ async fn relays_a_debezium_table_in_place(backend: Backend) {
     let applied = outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &columns)
         .await
         .expect("the table is adopted");
-    // PostgreSQL: the eight migrations and the online finish (rows numbered, indexes
-    // built concurrently); elsewhere the eight (lowering the fillfactor, dropping the
-    // index of every row by key and the insert trigger's change do nothing there).
+    // PostgreSQL: the nine migrations and the online finish (rows numbered, indexes
+    // built concurrently); elsewhere the nine (lowering the fillfactor, dropping the
+    // index of every row by key and the insert trigger's changes do nothing there).
     let expected = if fixture.backend() == DbBackend::Postgres {
-        9
+        10
     } else {
-        8
+        9
     };
     assert_eq!(applied.len(), expected, "{applied:?}");
     // After: ids in no particular order; SQLite also gets a payload that is no UTF-8.
@@ -259,13 +259,13 @@ async fn adopts_the_original_workers_table(backend: Backend) {
         outbox_store::migrate_columns(fixture.database.db(), &fixture.table, &Columns::default())
             .await
             .expect("the table is adopted");
-    // PostgreSQL: the eight migrations and the online finish (rows numbered, indexes
-    // built concurrently); elsewhere the eight (lowering the fillfactor, dropping the
-    // index of every row by key and the insert trigger's change do nothing there).
+    // PostgreSQL: the nine migrations and the online finish (rows numbered, indexes
+    // built concurrently); elsewhere the nine (lowering the fillfactor, dropping the
+    // index of every row by key and the insert trigger's changes do nothing there).
     let expected = if fixture.backend() == DbBackend::Postgres {
-        9
+        10
     } else {
-        8
+        9
     };
     assert_eq!(applied.len(), expected, "{applied:?}");
     let store = checked_store(&fixture, Columns::default()).await;
@@ -311,9 +311,9 @@ async fn plan_lists_the_changes_and_makes_none(backend: Backend) {
         .expect("a plan");
     let names: Vec<&str> = steps.iter().map(|step| step.name).collect();
     let expected = if fixture.backend() == DbBackend::Postgres {
-        9
+        10
     } else {
-        8
+        9
     };
     assert_eq!(names.len(), expected, "{names:?}");
     let adopt = steps[0].statements.join("\n");
