@@ -3,7 +3,7 @@
 //! noticed by the backend's mechanism (the `MAX(id)` probe, NOTIFY where a PostgreSQL relay
 //! LISTENs, `PRAGMA data_version`).
 
-use outbox_store::NewEvent;
+use outbox_store::{InsertTrigger, NewEvent};
 use outbox_tests::{event, eventually, per_backend, Backend, FaultProxy, RelayProcess, TestApp};
 use std::time::{Duration, Instant};
 
@@ -254,6 +254,29 @@ async fn an_unavailable_listen_connection_falls_back_to_polling_with_one_warning
 /// Debug lines of the relay's own crates (where a feed says it started), as JSON.
 const FEED_LOGS: &str = "info,outbox_store=debug,outbox_pipeline=debug,outbox_relay=debug";
 
+/// The state of the app's table's insert trigger.
+async fn trigger(app: &TestApp) -> InsertTrigger {
+    app.database
+        .store
+        .insert_trigger()
+        .await
+        .expect("the insert trigger's state")
+}
+
+/// A PostgreSQL app whose relay logs [`FEED_LOGS`] as JSON, with `notify` and
+/// `migrate_on_start` as given.
+async fn logging_app(notify: bool, migrate_on_start: bool) -> TestApp {
+    TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.database.notify = notify;
+            settings.database.migrate_on_start = migrate_on_start;
+            settings.log.format = "json".into();
+            settings.log.level = FEED_LOGS.into();
+        })
+        .build()
+        .await
+}
+
 /// `database.probe = false` switches SQLite's wake-ups off: no feed starts, and polling
 /// (200 ms) still delivers.
 #[actix_rt::test]
@@ -325,18 +348,12 @@ per_backend!(each_backend_starts_its_own_feed: postgres, sqlite, mariadb);
 /// and probes: a lone event still arrives within a second.
 #[actix_rt::test]
 async fn postgres_with_the_trigger_off_probes_even_with_notify_on() {
-    let app = TestApp::on(Backend::Postgres)
-        .settings(|settings| {
-            settings.database.notify = true;
-            settings.log.format = "json".into();
-            settings.log.level = FEED_LOGS.into();
-        })
-        .build()
-        .await;
-    let t = app.database.table.as_str();
-    app.database
-        .execute(&format!("ALTER TABLE {t} DISABLE TRIGGER {t}_notify"))
-        .await;
+    let app = logging_app(true, false).await;
+    assert_eq!(
+        trigger(&app).await,
+        InsertTrigger::Off,
+        "migrate leaves it disabled"
+    );
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
     let started = feed_started(&relay).await;
     assert_eq!(started["feed"], "probe", "{started}");
@@ -356,14 +373,7 @@ async fn postgres_with_the_trigger_off_probes_even_with_notify_on() {
 /// it, a relay says nothing of it.
 #[actix_rt::test]
 async fn postgres_without_notify_names_the_trigger_every_insert_still_pays_for() {
-    let app = TestApp::on(Backend::Postgres)
-        .settings(|settings| {
-            settings.database.notify = false;
-            settings.log.format = "json".into();
-            settings.log.level = FEED_LOGS.into();
-        })
-        .build()
-        .await;
+    let app = logging_app(false, false).await;
     assert!(
         outbox_store::enable_notify(app.database.db(), &app.database.table)
             .await
@@ -421,15 +431,7 @@ async fn feed_started(relay: &RelayProcess) -> serde_json::Value {
 /// a lone event arriving within a second.
 #[actix_rt::test]
 async fn postgres_with_a_trigger_that_notifies_every_insert_says_to_migrate() {
-    let app = TestApp::on(Backend::Postgres)
-        .settings(|settings| {
-            settings.database.notify = true;
-            settings.database.migrate_on_start = false;
-            settings.log.format = "json".into();
-            settings.log.level = FEED_LOGS.into();
-        })
-        .build()
-        .await;
+    let app = logging_app(true, false).await;
     let t = app.database.table.as_str();
     for sql in [
         format!("DROP TRIGGER {t}_notify ON {t}"),
@@ -462,21 +464,10 @@ async fn postgres_with_a_trigger_that_notifies_every_insert_says_to_migrate() {
 /// so), and the relay LISTENs.
 #[actix_rt::test]
 async fn postgres_with_notify_migrate_enables_the_trigger_and_the_relay_listens() {
-    let app = TestApp::on(Backend::Postgres)
-        .settings(|settings| {
-            listening(settings);
-            settings.log.format = "json".into();
-            settings.log.level = FEED_LOGS.into();
-        })
-        .build()
-        .await;
+    let app = logging_app(true, true).await;
     assert_eq!(
-        app.database
-            .store
-            .insert_trigger()
-            .await
-            .expect("the trigger"),
-        outbox_store::InsertTrigger::Off,
+        trigger(&app).await,
+        InsertTrigger::Off,
         "migrate leaves it disabled"
     );
     let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
@@ -488,14 +479,7 @@ async fn postgres_with_notify_migrate_enables_the_trigger_and_the_relay_listens(
         "{}",
         applied[0]
     );
-    assert_eq!(
-        app.database
-            .store
-            .insert_trigger()
-            .await
-            .expect("the trigger"),
-        outbox_store::InsertTrigger::WhileAsleep
-    );
+    assert_eq!(trigger(&app).await, InsertTrigger::WhileAsleep);
     assert!(
         relay.log_lines("the table's insert trigger").is_empty(),
         "nothing to say of the trigger it enabled"
