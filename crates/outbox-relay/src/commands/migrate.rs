@@ -7,9 +7,10 @@ use crate::startup::{check_columns, migrate_table, open_unchecked};
 use anyhow::Context as _;
 
 /// Creates or upgrades each selected outbox's table and its indexes (on PostgreSQL with
-/// `database.notify`, enables its insert trigger), then checks its mapping; with `--dry-run`, prints what it would do and changes nothing. Waits up to
-/// `--wait` for a database that cannot be reached yet (as an init container must, started
-/// beside the database).
+/// `database.notify`, enables its insert trigger), then checks its mapping; with
+/// `--dry-run`, prints what it would do and changes nothing. Waits up to `--wait` for a
+/// database that cannot be reached yet (as an init container must, started beside the
+/// database).
 pub async fn migrate(config: Config, args: MigrateArgs) -> anyhow::Result<()> {
     let patience = match args.wait {
         wait if wait.is_zero() => Patience::None,
