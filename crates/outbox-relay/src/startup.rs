@@ -193,10 +193,7 @@ pub async fn migrate_table(store: &SeaOrmStore, notify: bool) -> anyhow::Result<
         Ok(true) => applied.push(outbox_store::ENABLE_NOTIFY),
         Ok(false) => {}
         Err(error) => {
-            let text = match &error {
-                outbox_store::Error::Database(cause) => outbox_store::error::describe(cause),
-                other => other.to_string(),
-            };
+            let text = server_message(&error);
             warn!(
                 %table,
                 "cannot enable the table's insert trigger ({trigger}) that database.notify = true needs: {text}; the relay probes for new rows instead. Enabling it needs the table's owner: run `outbox-relay migrate` as that role (docs/operations/wake-ups.md)",
@@ -205,6 +202,15 @@ pub async fn migrate_table(store: &SeaOrmStore, notify: bool) -> anyhow::Result<
         }
     }
     Ok(applied)
+}
+
+/// A migration's failure as one line: the server's message once, not at every layer of
+/// the driver's chain.
+fn server_message(error: &outbox_store::Error) -> String {
+    match error {
+        outbox_store::Error::Database(cause) => outbox_store::error::describe(cause),
+        other => other.to_string(),
+    }
 }
 
 /// [`migrate_table`]'s migrations, without the trigger.
@@ -223,11 +229,7 @@ async fn migrate_schema(store: &SeaOrmStore) -> anyhow::Result<Vec<&'static str>
             Ok(applied) => return Ok(applied),
             Err(error) => error,
         };
-    // The server's message once, not at every layer of the driver's chain.
-    let text = match &error {
-        outbox_store::Error::Database(cause) => outbox_store::error::describe(cause),
-        other => other.to_string(),
-    };
+    let text = server_message(&error);
     let error = anyhow::Error::new(error);
     if crate::dependency::classify(&error) != crate::dependency::Verdict::Refused {
         return Err(error.context(format!("cannot migrate table {table}")));

@@ -170,7 +170,8 @@ async fn trigger_state<C: ConnectionTrait>(
 }
 
 /// Whether [`enable_notify`] has something to enable in a trigger of this state: one that
-/// exists and is disabled, unless the adoption's finishing step is to enable it.
+/// exists and is disabled, unless it still carries the comment of an adoption whose
+/// migrations have not all run ([`disable_notify`] replaces it before the finishing step).
 fn to_enable(state: Option<(bool, Option<String>)>) -> bool {
     matches!(state, Some((false, note)) if note.as_deref() != Some(online::DISABLED_UNTIL_FINISHED))
 }
@@ -179,8 +180,8 @@ fn to_enable(state: Option<(bool, Option<String>)>) -> bool {
 /// insert trigger that `migrate` left disabled (or an operator disabled), under the
 /// migration lock, waiting at most 100 ms at a time for the table lock and retried.
 /// `true` when this call enabled it; `false` when it was enabled already, there is none
-/// (a table `migrate` has not run on), it waits for an adoption's finishing step, or the
-/// backend has no trigger.
+/// (a table `migrate` has not run on), an adoption's migrations have not all run on it,
+/// or the backend has no trigger.
 pub async fn enable_notify(db: &DatabaseConnection, table: &TableName) -> Result<bool, Error> {
     if !to_enable(trigger_state(db, table).await?) {
         return Ok(false);
