@@ -866,3 +866,88 @@ async fn the_rows_reader_survives_a_column_added_on_sqlite() {
     }
     database.drop_table().await;
 }
+
+/// The PostgreSQL probe reads the primary index's last entry however the table looked when
+/// it first ran. Planned once on a vacuumed, empty table (as after a clean-up, or a relay
+/// that had caught up), a prepared `MAX(id)` kept a sequential scan, and every probe then
+/// read the whole backlog: 120 scans/s reading 650,000 rows/s beside 1,000 inserts/s,
+/// more of the server than everything else the relay asked of it.
+#[actix_rt::test]
+async fn postgres_probes_read_the_index_however_empty_the_table_was_at_first() {
+    let database = TestDatabase::new(Backend::Postgres).await;
+    database.execute("VACUUM (ANALYZE) {t}").await;
+    let wake_ups = outbox_store::wake::WakeUps {
+        listen_url: None,
+        probe_interval: Some(Duration::from_millis(1)),
+        url: database.url.clone(),
+    };
+    let feed = || database.store.insert_feed(&wake_ups).expect("a probe");
+    // A feed's first wait probes at once: on each of the pool's connections in turn.
+    for _ in 0..10 {
+        feed().wait().await.unwrap();
+    }
+    database
+        .execute(
+            "INSERT INTO {t} (event_id, event_type, room_id, envelope) \
+             SELECT 'b-' || n, 'room.message.posted', 'room-' || (n % 100), repeat('x', 200) \
+             FROM generate_series(1, 20000) AS n",
+        )
+        .await;
+    // Rows read by sequential scans: the first probes' scans of the empty table read none,
+    // so their counts may land in the statistics at any time (a session's, within seconds
+    // of its going idle) without moving this.
+    let before = scans(&database).await;
+    let mut probe = feed();
+    probe.wait().await.unwrap();
+    for n in 0..50 {
+        outbox_tests::seed(&database, &[event(&format!("p-{n}"), "r")]).await;
+        probe.wait().await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let after = scans(&database).await;
+        if after.index_scans >= before.index_scans + 51 || Instant::now() > deadline {
+            break after;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let read = after.rows_read_sequentially - before.rows_read_sequentially;
+    assert!(
+        read < 20_000,
+        "sequential scans read {read} rows of a 20,000-row table during 51 probes ({} index \
+         scans counted)",
+        after.index_scans - before.index_scans
+    );
+    assert!(
+        after.index_scans >= before.index_scans + 51,
+        "51 probes, {} index scans counted in 30 s",
+        after.index_scans - before.index_scans
+    );
+    database.drop_table().await;
+}
+
+/// What the server counted of the scans of a test's table.
+struct Scans {
+    rows_read_sequentially: i64,
+    index_scans: i64,
+}
+
+async fn scans(database: &TestDatabase) -> Scans {
+    let row = database
+        .db()
+        .query_one(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            format!(
+                "SELECT seq_tup_read, COALESCE(idx_scan, 0) AS idx_scan \
+                 FROM pg_stat_user_tables WHERE relid = '{}'::regclass",
+                database.table.as_str()
+            ),
+        ))
+        .await
+        .unwrap()
+        .expect("the table's statistics");
+    Scans {
+        rows_read_sequentially: row.try_get("", "seq_tup_read").unwrap(),
+        index_scans: row.try_get("", "idx_scan").unwrap(),
+    }
+}

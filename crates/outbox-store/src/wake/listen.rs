@@ -198,7 +198,9 @@ impl PgInsertFeed {
         let (Some(listener), Some(linger)) = (self.listener.as_mut(), self.linger.as_ref()) else {
             return Ok(0);
         };
+        // Planned at each look, as the probe's (`super::probe`).
         let answer = sea_orm::sqlx::query_scalar::<_, Option<i64>>(&linger.max_id)
+            .persistent(false)
             .fetch_one(&mut *listener)
             .await;
         match answer {
