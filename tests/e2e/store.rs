@@ -868,10 +868,12 @@ async fn the_rows_reader_survives_a_column_added_on_sqlite() {
 }
 
 /// The PostgreSQL probe reads the primary index's last entry however the table looked when
-/// it first ran. Planned once on a vacuumed, empty table (as after a clean-up, or a relay
-/// that had caught up), a prepared `MAX(id)` kept a sequential scan, and every probe then
-/// read the whole backlog: 120 scans/s reading 650,000 rows/s beside 1,000 inserts/s,
-/// more of the server than everything else the relay asked of it.
+/// it first ran. Planned on a vacuumed, empty table (as after a clean-up, or a table that
+/// `published_rows = "delete"` empties whenever the relay has caught up), a prepared
+/// `MAX(id)` kept a sequential scan, and every probe then read the whole backlog: 120
+/// scans/s reading 650,000 rows/s beside 1,000 inserts/s, more of the server than
+/// everything else the relay asked of it. The probe now makes its statement again once
+/// the table has grown: at most the probe that sees the backlog arrive scans it.
 #[actix_rt::test]
 async fn postgres_probes_read_the_index_however_empty_the_table_was_at_first() {
     let database = TestDatabase::new(Backend::Postgres).await;
@@ -881,10 +883,12 @@ async fn postgres_probes_read_the_index_however_empty_the_table_was_at_first() {
         probe_interval: Some(Duration::from_millis(1)),
         url: database.url.clone(),
     };
-    let feed = || database.store.insert_feed(&wake_ups).expect("a probe");
-    // A feed's first wait probes at once: on each of the pool's connections in turn.
-    for _ in 0..10 {
-        feed().wait().await.unwrap();
+    let mut probe = database.store.insert_feed(&wake_ups).expect("a probe");
+    // The first probes, on the pool's connections in turn, plan on an all but empty table.
+    probe.wait().await.unwrap();
+    for n in 0..10 {
+        outbox_tests::seed(&database, &[event(&format!("e-{n}"), "r")]).await;
+        probe.wait().await.unwrap();
     }
     database
         .execute(
@@ -893,11 +897,10 @@ async fn postgres_probes_read_the_index_however_empty_the_table_was_at_first() {
              FROM generate_series(1, 20000) AS n",
         )
         .await;
-    // Rows read by sequential scans: the first probes' scans of the empty table read none,
-    // so their counts may land in the statistics at any time (a session's, within seconds
+    // Rows read by sequential scans: the first probes' scans read next to nothing, so
+    // their counts may land in the statistics at any time (a session's, within seconds
     // of its going idle) without moving this.
     let before = scans(&database).await;
-    let mut probe = feed();
     probe.wait().await.unwrap();
     for n in 0..50 {
         outbox_tests::seed(&database, &[event(&format!("p-{n}"), "r")]).await;
@@ -906,20 +909,20 @@ async fn postgres_probes_read_the_index_however_empty_the_table_was_at_first() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let after = loop {
         let after = scans(&database).await;
-        if after.index_scans >= before.index_scans + 51 || Instant::now() > deadline {
+        if after.index_scans >= before.index_scans + 50 || Instant::now() > deadline {
             break after;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let read = after.rows_read_sequentially - before.rows_read_sequentially;
     assert!(
-        read < 20_000,
+        read < 60_000,
         "sequential scans read {read} rows of a 20,000-row table during 51 probes ({} index \
          scans counted)",
         after.index_scans - before.index_scans
     );
     assert!(
-        after.index_scans >= before.index_scans + 51,
+        after.index_scans >= before.index_scans + 50,
         "51 probes, {} index scans counted in 30 s",
         after.index_scans - before.index_scans
     );

@@ -198,16 +198,17 @@ impl PgInsertFeed {
         let (Some(listener), Some(linger)) = (self.listener.as_mut(), self.linger.as_ref()) else {
             return Ok(0);
         };
-        // Planned at each look, as the probe's (`super::probe`).
-        let answer = sea_orm::sqlx::query_scalar::<_, Option<i64>>(&linger.max_id)
-            .persistent(false)
-            .fetch_one(&mut *listener)
-            .await;
-        match answer {
-            Ok(max) => Ok(max.unwrap_or(0)),
+        // Planned at each look, as the probe's.
+        let answer = sea_orm::sqlx::Executor::fetch_all(
+            &mut *listener,
+            sea_orm::sqlx::raw_sql(&linger.max_id),
+        )
+        .await;
+        match super::probe::postgres_max_id(answer) {
+            Ok(max) => Ok(max),
             Err(error) => {
                 self.lost();
-                Err(database(error))
+                Err(error)
             }
         }
     }
