@@ -11,7 +11,8 @@ use super::database;
 use crate::sql::TableName;
 use async_trait::async_trait;
 use outbox_core::{InsertFeed, StoreError};
-use sea_orm::sqlx::postgres::PgListener;
+use sea_orm::sqlx::postgres::{PgListener, PgRow};
+use sea_orm::sqlx::{self, Row as _};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::debug;
@@ -132,13 +133,13 @@ impl PgInsertFeed {
             true => format!("SELECT pg_advisory_lock({keys}) IS NULL"),
             false => format!("SELECT pg_advisory_unlock({keys})"),
         };
-        let answer = sea_orm::sqlx::query_scalar::<_, bool>(&sql)
+        let answer = sqlx::query_scalar::<_, bool>(&sql)
             .fetch_one(&mut *listener)
             .await;
         match answer {
             Ok(_) => Ok(take),
             // 55P03: `lock_timeout` passed, the lock still held by someone else.
-            Err(sea_orm::sqlx::Error::Database(error))
+            Err(sqlx::Error::Database(error))
                 if take && error.code().as_deref() == Some("55P03") =>
             {
                 Ok(false)
@@ -198,13 +199,8 @@ impl PgInsertFeed {
         let (Some(listener), Some(linger)) = (self.listener.as_mut(), self.linger.as_ref()) else {
             return Ok(0);
         };
-        // Planned at each look, as the probe's.
-        let answer = sea_orm::sqlx::Executor::fetch_all(
-            &mut *listener,
-            sea_orm::sqlx::raw_sql(&linger.max_id),
-        )
-        .await;
-        match super::probe::postgres_max_id(answer) {
+        let answer = sqlx::Executor::fetch_all(&mut *listener, sqlx::raw_sql(&linger.max_id)).await;
+        match highest_id(answer) {
             Ok(max) => Ok(max),
             Err(error) => {
                 self.lost();
@@ -237,16 +233,10 @@ impl PgInsertFeed {
 
 /// A LISTEN connection to `table`'s channel on the server at `url`, whose lock waits last
 /// `retry` at most.
-async fn listen(
-    url: &str,
-    table: &TableName,
-    retry: Duration,
-) -> Result<PgListener, sea_orm::sqlx::Error> {
+async fn listen(url: &str, table: &TableName, retry: Duration) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect(url).await?;
     let timeout = format!("SET lock_timeout = '{}ms'", retry.as_millis().max(1));
-    sea_orm::sqlx::query(&timeout)
-        .execute(&mut listener)
-        .await?;
+    sqlx::query(&timeout).execute(&mut listener).await?;
     listener.listen(table.as_str()).await?;
     Ok(listener)
 }
@@ -307,4 +297,16 @@ impl InsertFeed for PgInsertFeed {
             }
         }
     }
+}
+
+/// The table's highest id in the answer to `MAX(id)` sent as a simple query
+/// (`sqlx::raw_sql`), planned at each run for the table as it is then: a prepared statement
+/// would keep a plan made on an empty table, a sequential scan (docs/design/wake-ups.md).
+/// It runs only while a woken relay stays awake, so its planning costs nothing idle.
+fn highest_id(answer: Result<Vec<PgRow>, sqlx::Error>) -> Result<i64, StoreError> {
+    let max = match answer.map_err(database)?.first() {
+        Some(row) => row.try_get::<Option<i64>, _>(0).map_err(database)?,
+        None => None,
+    };
+    Ok(max.unwrap_or(0))
 }

@@ -5,7 +5,6 @@ use super::database;
 use crate::SeaOrmStore;
 use async_trait::async_trait;
 use outbox_core::{InsertFeed, StoreError};
-use sea_orm::sqlx::{self, Row as _};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use std::time::Duration;
 use tracing::debug;
@@ -76,20 +75,6 @@ impl MaxIdProbe {
         }
         Ok(max)
     }
-}
-
-/// The table's highest id in the answer to PostgreSQL's `MAX(id)` sent as a simple query
-/// (`sqlx::raw_sql`): planned at each run for the table as it is then, where a prepared
-/// statement would keep a plan made on an empty table ([`MaxIdProbe`]). The `notify` feed's
-/// look at the highest id, which runs only while rows keep coming.
-pub(super) fn postgres_max_id(
-    answer: Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>,
-) -> Result<i64, StoreError> {
-    let max = match answer.map_err(database)?.first() {
-        Some(row) => row.try_get::<Option<i64>, _>(0).map_err(database)?,
-        None => None,
-    };
-    Ok(max.unwrap_or(0))
 }
 
 impl SeaOrmStore {
