@@ -482,13 +482,7 @@ async fn postgres_claim_plans_read_the_pending_rows_not_the_history() {
     // 30,000 published rows over 100 rooms, then 3,000 pending rows marked published
     // without a vacuum (dead entries at the pending index's head), then 500 pending.
     published_history(&database).await;
-    database
-        .execute(
-            "INSERT INTO {t} (event_id, event_type, room_id, envelope) \
-             SELECT 'd-' || n, 'room.message.posted', 'room-' || (n % 100), repeat('x', 200) \
-             FROM generate_series(1, 3000) AS n",
-        )
-        .await;
+    pending_rows(&database, "d", 3000).await;
     database.execute("ANALYZE {t}").await;
     database
         .execute(
@@ -579,18 +573,7 @@ async fn postgres_claim_plans_read_the_pending_rows_not_the_history() {
 #[actix_rt::test]
 async fn postgres_claims_refresh_statistics_that_expect_no_pending_rows() {
     let database = TestDatabase::new(Backend::Postgres).await;
-    let backlog = |prefix: &'static str, rows: u32| {
-        let database = &database;
-        async move {
-            database
-                .execute(&format!(
-                    "INSERT INTO {{t}} (event_id, event_type, room_id, envelope) \
-                     SELECT '{prefix}-' || n, 'room.message.posted', 'room-' || (n % 100), \
-                     repeat('x', 200) FROM generate_series(1, {rows}) AS n"
-                ))
-                .await;
-        }
-    };
+    let backlog = |prefix: &'static str, rows: u32| pending_rows(&database, prefix, rows);
     let all_published = || {
         database.execute(
             "UPDATE {t} SET status = 'published', locked_by = NULL WHERE status = 'pending'",
@@ -890,13 +873,7 @@ async fn postgres_probes_read_the_index_however_empty_the_table_was_at_first() {
         outbox_tests::seed(&database, &[event(&format!("e-{n}"), "r")]).await;
         probe.wait().await.unwrap();
     }
-    database
-        .execute(
-            "INSERT INTO {t} (event_id, event_type, room_id, envelope) \
-             SELECT 'b-' || n, 'room.message.posted', 'room-' || (n % 100), repeat('x', 200) \
-             FROM generate_series(1, 20000) AS n",
-        )
-        .await;
+    pending_rows(&database, "b", 20_000).await;
     // Rows read by sequential scans: the first probes' scans read next to nothing, so
     // their counts may land in the statistics at any time (a session's, within seconds
     // of its going idle) without moving this.
@@ -927,6 +904,17 @@ async fn postgres_probes_read_the_index_however_empty_the_table_was_at_first() {
         after.index_scans - before.index_scans
     );
     database.drop_table().await;
+}
+
+/// `rows` pending rows over 100 rooms, event ids `<prefix>-1`…, in one statement.
+async fn pending_rows(database: &TestDatabase, prefix: &str, rows: u32) {
+    database
+        .execute(&format!(
+            "INSERT INTO {{t}} (event_id, event_type, room_id, envelope) \
+             SELECT '{prefix}-' || n, 'room.message.posted', 'room-' || (n % 100), \
+             repeat('x', 200) FROM generate_series(1, {rows}) AS n"
+        ))
+        .await;
 }
 
 /// What the server counted of the scans of a test's table.
