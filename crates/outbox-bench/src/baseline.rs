@@ -6,7 +6,9 @@ use crate::cost::broker_cpu_seconds;
 use anyhow::Context as _;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
+};
 use outbox_amqp::tap::{declare_topic_exchange, delete_exchange};
 use outbox_amqp::{Tap, TapQueue};
 use std::collections::VecDeque;
@@ -179,18 +181,8 @@ pub async fn run(
                 expect_ack(in_flight.pop_front()).await?;
             }
             // By room, as the relay's Fetcher picks a room's Publisher.
-            let confirm = publishers[(n % 1000) as usize % publishers.len()]
-                .basic_publish(
-                    name.as_str().into(),
-                    "bench.event".into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    &body,
-                    message_properties(n),
-                )
-                .await?;
+            let channel = &publishers[(n % 1000) as usize % publishers.len()];
+            let confirm = publish(channel, &name, &body, n).await?;
             in_flight.push_back(confirm);
         }
         while let Some(confirm) = in_flight.pop_front() {
@@ -235,6 +227,28 @@ pub async fn run(
     Ok(best)
 }
 
+/// Publishes event `n` of the bare publisher's sequence to `exchange` (mandatory, with
+/// [`message_properties`]): its confirm.
+pub(crate) async fn publish(
+    channel: &Channel,
+    exchange: &str,
+    body: &[u8],
+    n: i64,
+) -> Result<PublisherConfirm, lapin::Error> {
+    channel
+        .basic_publish(
+            exchange.into(),
+            "bench.event".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            body,
+            message_properties(n),
+        )
+        .await
+}
+
 /// The properties and headers a relayed event carries (`docs/design/publishing.md`), so
 /// that the broker does the same work per message for the baseline as for the relay.
 fn message_properties(n: i64) -> BasicProperties {
@@ -254,7 +268,7 @@ fn message_properties(n: i64) -> BasicProperties {
         .with_headers(headers)
 }
 
-async fn expect_ack(confirm: Option<lapin::PublisherConfirm>) -> anyhow::Result<()> {
+pub(crate) async fn expect_ack(confirm: Option<PublisherConfirm>) -> anyhow::Result<()> {
     if let Some(confirm) = confirm {
         match confirm.await? {
             Confirmation::Ack(None) => {}

@@ -1,6 +1,6 @@
 //! `producers`: what the relay costs the services that insert into its table, measured as
 //! pgbench would. N producer connections each commit one event per transaction (an
-//! autocommit `INSERT`), timed from the statement's send to its result, in four states
+//! autocommit `INSERT`), timed from the statement's send to its result, in five states
 //! per connection count, measured in turn in every round so that a drift of the machine
 //! falls on all of them alike:
 //!
@@ -10,14 +10,22 @@
 //!   trigger, fillfactor and autovacuum settings), as fast as they can, no relay running;
 //! - *serving-bare*: a relay running, idle, on its table while the producers insert into
 //!   the bare copy at `--rate` commits/s: what the relay's wake-ups and polls cost them;
+//! - *broker-bare*: serving-bare, and a bare lapin publisher sending the broker as many
+//!   persistent messages as the relay would for those inserts (`broker.rs`): the broker's
+//!   share of serving, which falls on the producers only where the broker shares the
+//!   database's machine, as on a bench;
 //! - *serving*: the same relay relaying what the producers insert into its table at the
 //!   same rate: what claiming and marking beside the inserts costs them.
+//!
+//! Serving ÷ serving-bare is what relaying costs the producers on this machine; serving ÷
+//! broker-bare is what the relay costs them beyond the broker's own work.
 //!
 //! The producers run on a thread and a runtime of their own, on connections of their own,
 //! so that the relay's runtime (on the main thread) schedules none of their work. Every
 //! state starts on two empty tables. Once per run, an idle relay's own CPU and the
 //! database's statements and CPU are measured too.
 
+mod broker;
 mod load;
 
 use crate::cost::DbServer;
@@ -91,20 +99,25 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// How long the relay may take to mark what a serving state inserted.
 const MARK_DEADLINE: Duration = Duration::from_secs(300);
 
+/// How many states a round measures per connection count.
+const STATES: usize = 5;
+
 /// The measured states, in the order a round measures them for one connection count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Bare,
     Installed,
     ServingBare,
+    BrokerBare,
     Serving,
 }
 
 impl State {
-    const ALL: [State; 4] = [
+    const ALL: [State; STATES] = [
         State::Bare,
         State::Installed,
         State::ServingBare,
+        State::BrokerBare,
         State::Serving,
     ];
 
@@ -114,6 +127,7 @@ impl State {
             State::Bare => "bare",
             State::Installed => "installed",
             State::ServingBare => "serving_bare",
+            State::BrokerBare => "broker_bare",
             State::Serving => "serving",
         }
     }
@@ -123,13 +137,17 @@ impl State {
             State::Bare => "bare",
             State::Installed => "installed",
             State::ServingBare => "serving-bare",
+            State::BrokerBare => "broker-bare",
             State::Serving => "serving",
         }
     }
 
     /// A relay runs, and the producers insert at the offered rate (open loop).
     fn serving(self) -> bool {
-        matches!(self, State::ServingBare | State::Serving)
+        matches!(
+            self,
+            State::ServingBare | State::BrokerBare | State::Serving
+        )
     }
 
     /// The producers insert into the relay's table (else into the bare copy).
@@ -178,12 +196,12 @@ pub async fn run(args: ProducersArgs) -> anyhow::Result<()> {
 }
 
 /// The bare copy, the broker and its queue, the idle relay, then every round: per round,
-/// per connection count, the four states' windows.
+/// per connection count, the five states' windows.
 async fn measure_all(
     args: &ProducersArgs,
     bench: &Bench,
     bare: &str,
-) -> anyhow::Result<Vec<Vec<[Window; 4]>>> {
+) -> anyhow::Result<Vec<Vec<[Window; STATES]>>> {
     create_bare(bench.store.connection(), bench.store.table().as_str(), bare).await?;
     let broker = open_broker(&bench.config).await?;
     // A durable queue of the exchange's name (`Bench::teardown` deletes it) takes what the
@@ -315,11 +333,11 @@ impl Run<'_> {
     }
 
     /// One round: bare and installed for each connection count, then a relay started for
-    /// serving-bare and serving for each, and stopped. Per connection count, the four
-    /// states' windows.
-    async fn round(&self, n: u32) -> anyhow::Result<Vec<[Window; 4]>> {
+    /// serving-bare, broker-bare and serving for each, and stopped. Per connection count, the
+    /// five states' windows.
+    async fn round(&self, n: u32) -> anyhow::Result<Vec<[Window; STATES]>> {
         let counts = &self.args.connections;
-        let mut windows: Vec<[Window; 4]> = vec![Default::default(); counts.len()];
+        let mut windows: Vec<[Window; STATES]> = vec![Default::default(); counts.len()];
         for (cell, &connections) in windows.iter_mut().zip(counts) {
             for state in in_turn(n, [State::Bare, State::Installed]) {
                 cell[state as usize] = self.state(n, connections, state).await?;
@@ -331,7 +349,8 @@ impl Run<'_> {
         let served = async {
             tokio::time::sleep(SETTLE).await;
             for (cell, &connections) in windows.iter_mut().zip(counts) {
-                for state in in_turn(n, [State::ServingBare, State::Serving]) {
+                let states = [State::ServingBare, State::BrokerBare, State::Serving];
+                for state in in_turn(n, states) {
                     cell[state as usize] = self.state(n, connections, state).await?;
                 }
             }
@@ -370,11 +389,24 @@ impl Run<'_> {
             prefix: format!("r{n}c{connections}{}", state.key()),
             envelope_bytes: self.args.envelope_bytes as usize,
         };
-        let window = measure(plan)
-            .await
-            .with_context(|| format!("{connections} connections, {}", state.label()))?;
+        let broker_load = match state {
+            State::BrokerBare => Some(broker::Publisher::start(
+                self.bench.queue.clone(),
+                self.args.rate,
+                self.args.envelope_bytes as usize,
+            )?),
+            _ => None,
+        };
+        let measured = measure(plan).await;
+        if let Some(publisher) = broker_load {
+            publisher.finish().await.context("the broker load")?;
+        }
+        let window =
+            measured.with_context(|| format!("{connections} connections, {}", state.label()))?;
         if state == State::Serving {
             self.bench.wait_all_marked(MARK_DEADLINE).await?;
+        }
+        if matches!(state, State::BrokerBare | State::Serving) {
             self.tap
                 .channel()
                 .queue_purge(self.tap.name().into(), QueuePurgeOptions::default())
@@ -412,15 +444,12 @@ impl Run<'_> {
     }
 }
 
-/// The two states of a ratio in the order of round `n`: as given in even rounds, swapped in
-/// odd ones, so that neither always inherits what the other left (the dirty pages and the
+/// States compared with one another, in the order of round `n`: rotated by one each round,
+/// so that none always inherits what the one before it left (the dirty pages and the
 /// write-ahead log of the rows just deleted, the server's caches).
-fn in_turn(n: u32, states: [State; 2]) -> [State; 2] {
-    let [first, second] = states;
-    match n % 2 {
-        0 => [first, second],
-        _ => [second, first],
-    }
+fn in_turn<const N: usize>(n: u32, mut states: [State; N]) -> [State; N] {
+    states.rotate_left(n as usize % N);
+    states
 }
 
 /// The copy of `table` the bare states insert into: the same columns, indexes and
@@ -489,7 +518,7 @@ fn summarise(
     args: &ProducersArgs,
     backend: &str,
     queue_type: crate::baseline::QueueType,
-    rounds: &[Vec<[Window; 4]>],
+    rounds: &[Vec<[Window; STATES]>],
 ) {
     println!(
         "  medians of {} round(s); ratios: the median of each round's\n  connections  state        \
@@ -535,10 +564,13 @@ fn summarise(
         let installed = ratio(State::Installed, State::Bare, Window::rate);
         let p50 = ratio(State::Serving, State::ServingBare, |w| w.p50_ms);
         let p99 = ratio(State::Serving, State::ServingBare, |w| w.p99_ms);
+        let beyond_p50 = ratio(State::Serving, State::BrokerBare, |w| w.p50_ms);
+        let beyond_p99 = ratio(State::Serving, State::BrokerBare, |w| w.p99_ms);
         let errors: u64 = rounds.iter().flat_map(|r| &r[cell]).map(|w| w.errors).sum();
         println!(
             "  {connections:>11}  installed ÷ bare commits/s {installed:.3} | serving ÷ \
-             serving-bare: p50 {p50:.3}, p99 {p99:.3}{}",
+             serving-bare: p50 {p50:.3}, p99 {p99:.3} | serving ÷ broker-bare: p50 \
+             {beyond_p50:.3}, p99 {beyond_p99:.3}{}",
             match errors {
                 0 => String::new(),
                 n => format!(" | {n} failed statements"),
@@ -547,6 +579,8 @@ fn summarise(
         json["installed_over_bare"] = round(installed, 3).into();
         json["serving_p50_over_bare"] = round(p50, 3).into();
         json["serving_p99_over_bare"] = round(p99, 3).into();
+        json["serving_p50_over_broker_bare"] = round(beyond_p50, 3).into();
+        json["serving_p99_over_broker_bare"] = round(beyond_p99, 3).into();
         json["errors"] = errors.into();
         println!("{json}");
     }
@@ -554,6 +588,25 @@ fn summarise(
         "  (one autocommit INSERT per transaction and connection, timed from its send to its \
          result; bare: the relay's table's columns, indexes and defaults only; installed: the \
          table as migrate left it, no relay; serving-bare: an idle relay beside inserts into \
-         the bare copy at the offered rate; serving: the relay relaying the inserts)"
+         the bare copy at the offered rate; broker-bare: the same, and a bare lapin publisher \
+         sending the broker a persistent message per insert; serving: the relay relaying the \
+         inserts)"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_state_of_a_comparison_comes_first_once_every_so_many_rounds() {
+        let states = [State::ServingBare, State::BrokerBare, State::Serving];
+        let firsts: Vec<State> = (0..3).map(|n| in_turn(n, states)[0]).collect();
+        assert_eq!(firsts, states);
+        assert_eq!(in_turn(3, states), states);
+        assert_eq!(
+            in_turn(1, [State::Bare, State::Installed]),
+            [State::Installed, State::Bare]
+        );
+    }
 }

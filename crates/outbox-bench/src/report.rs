@@ -188,8 +188,10 @@ const TABLES: &[Table] = &[
             column!("installed commits/s", "installed", "commits_per_sec"),
             column!("installed ÷ bare", "installed_over_bare"),
             column!("serving-bare p99 ms", "serving_bare", "p99_ms"),
+            column!("broker-bare p99 ms", "broker_bare", "p99_ms"),
             column!("serving p99 ms", "serving", "p99_ms"),
-            column!("serving ÷ bare p99", "serving_p99_over_bare"),
+            column!("serving ÷ serving-bare p99", "serving_p99_over_bare"),
+            column!("serving ÷ broker-bare p99", "serving_p99_over_broker_bare"),
         ],
     },
     Table {
@@ -319,7 +321,7 @@ mod tests {
     fn producers_lines_become_their_two_tables() {
         let output = r#"producers: postgres, connections 16 …
 {"scenario": "producers_idle", "backend": "sqlite", "seconds": 10, "statements_per_sec": null, "server_cpu_percent": null, "relay_cpu_percent": 2.0}
-{"scenario": "producers", "backend": "postgres", "connections": 16, "seconds": 10, "rounds": 3, "rate": 1000, "bare": {"commits_per_sec": 2817.0, "p50_ms": 4.907, "p99_ms": 17.882}, "installed": {"commits_per_sec": 2750.0, "p50_ms": 5.1, "p99_ms": 18.2}, "serving_bare": {"commits_per_sec": 999.0, "p50_ms": 2.2, "p99_ms": 9.73, "rate_reached": true}, "serving": {"commits_per_sec": 1000.0, "p50_ms": 2.927, "p99_ms": 10.5, "rate_reached": true}, "installed_over_bare": 0.976, "serving_p50_over_bare": 1.33, "serving_p99_over_bare": 1.079, "errors": 0}
+{"scenario": "producers", "backend": "postgres", "connections": 16, "seconds": 10, "rounds": 3, "rate": 1000, "bare": {"commits_per_sec": 2817.0, "p50_ms": 4.907, "p99_ms": 17.882}, "installed": {"commits_per_sec": 2750.0, "p50_ms": 5.1, "p99_ms": 18.2}, "serving_bare": {"commits_per_sec": 999.0, "p50_ms": 2.2, "p99_ms": 9.73, "rate_reached": true}, "broker_bare": {"commits_per_sec": 1000.0, "p50_ms": 2.5, "p99_ms": 10.1, "rate_reached": true}, "serving": {"commits_per_sec": 1000.0, "p50_ms": 2.927, "p99_ms": 10.5, "rate_reached": true}, "installed_over_bare": 0.976, "serving_p50_over_bare": 1.33, "serving_p99_over_bare": 1.079, "serving_p50_over_broker_bare": 1.17, "serving_p99_over_broker_bare": 1.04, "errors": 0}
 "#;
         let tables = tables(output);
         assert!(
@@ -327,7 +329,9 @@ mod tests {
             "{tables}"
         );
         assert!(
-            tables.contains("| postgres | 16 | 2,817 | 2,750 | 0.976 | 9.73 | 10.5 | 1.079 |"),
+            tables.contains(
+                "| postgres | 16 | 2,817 | 2,750 | 0.976 | 9.73 | 10.1 | 10.5 | 1.079 | 1.04 |"
+            ),
             "{tables}"
         );
         assert!(tables.contains("| sqlite | 2 | — | — |"), "{tables}");
