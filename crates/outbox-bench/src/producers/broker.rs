@@ -15,7 +15,7 @@ const BATCH_EVERY: Duration = Duration::from_millis(5);
 /// A running publisher; [`Publisher::finish`] stops it.
 pub(super) struct Publisher {
     stop: oneshot::Sender<()>,
-    done: oneshot::Receiver<anyhow::Result<u64>>,
+    done: oneshot::Receiver<anyhow::Result<()>>,
 }
 
 impl Publisher {
@@ -39,8 +39,8 @@ impl Publisher {
         Ok(Self { stop, done })
     }
 
-    /// Stops it: how many messages the broker confirmed.
-    pub(super) async fn finish(self) -> anyhow::Result<u64> {
+    /// Stops it once every message sent is confirmed.
+    pub(super) async fn finish(self) -> anyhow::Result<()> {
         let _ = self.stop.send(());
         self.done
             .await
@@ -53,7 +53,7 @@ async fn publish(
     rate: u64,
     body_bytes: usize,
     mut stopped: oneshot::Receiver<()>,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<()> {
     let connection = crate::baseline::connect().await?;
     let channel = connection.create_channel().await?;
     channel
@@ -80,7 +80,7 @@ async fn publish(
                 crate::baseline::expect_ack(Some(confirm)).await?;
             }
         }
-        anyhow::Ok(sent)
+        anyhow::Ok(())
     }
     .await;
     let _ = connection.close(200, "done".into()).await;
