@@ -243,7 +243,7 @@ fn the_database_password_stays_with_database_url_and_an_outbox_has_its_own() {
          [[outboxes]]\ntable = \"b\"\ndatabase_url = \"mysql://app@maria/other\"\n\
          [[outboxes]]\nname = \"orders\"\ntable = \"c\"\ndatabase_url = \"postgres://relay@db2/x\"",
         &[
-            ("OUTBOX_RELAY__OUTBOXES__1__DATABASE_PASSWORD", "0123"),
+            ("OUTBOX_RELAY__OUTBOXES__1__DATABASE_PASSWORD", "0123456789"),
             ("OUTBOX_RELAY__OUTBOXES__ORDERS__DATABASE_PASSWORD", "true"),
         ],
     )
@@ -254,15 +254,16 @@ fn the_database_password_stays_with_database_url_and_an_outbox_has_its_own() {
     );
     assert_eq!(
         config.outboxes[1].database_url,
-        "mysql://app:0123@maria/other"
+        "mysql://app:0123456789@maria/other"
     );
     assert_eq!(
         config.outboxes[2].database_url,
         "postgres://relay:true@db2/x"
     );
+    // Longer than any process id, which the default node_id holds.
     let shown = format!("{config:?}{}", toml::to_string(&config.effective).unwrap());
     assert!(
-        !shown.contains("0123") && !shown.contains(":true@"),
+        !shown.contains("0123456789") && !shown.contains(":true@"),
         "{shown}"
     );
 }
