@@ -5,6 +5,10 @@
 /// up inserts, numbering rows while a producer inserts, `--dry-run`'s `-- locks:` lines;
 /// the `worker` log field naming the outbox.
 mod adoption;
+/// The broker's refusals: a full queue's nacks deferred and never dead, an event over the
+/// broker's `max_message_size` dead at once while the other rooms go on, a storm of
+/// failing publishes said in a few lines.
+mod backpressure;
 /// `relay.max_inflight_bytes`: the claim's byte budget on every backend; large rows
 /// delivered in room order within the budget plus one row.
 mod bytes;

@@ -5,6 +5,7 @@
 //! - [`cluster`]: the brokers of `amqp.url` and the order the link tries them in.
 //! - `blocking`: whether the broker blocks publishers (a resource alarm); publishes wait
 //!   and their timeout stands still meanwhile.
+//! - `pacing`: a Publisher slows down while the broker nacks (its backpressure).
 //! - `handoff`: how many body bytes may wait in lapin to be written (a large body goes
 //!   alone, so it is not held twice for every record in flight).
 //! - [`preflight`]: what `check-config` asks of each broker (login, vhost, exchanges),
@@ -21,6 +22,7 @@ mod confirms;
 mod handoff;
 pub mod message;
 mod outage;
+mod pacing;
 pub mod preflight;
 pub mod publisher;
 mod silence;

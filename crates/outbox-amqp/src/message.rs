@@ -7,8 +7,12 @@ use outbox_core::{ColumnValue, ExtraColumns, OutboxRecord, PublishError};
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 
-/// RabbitMQ's default `max_message_size` (128 MiB): larger bodies are refused by the broker.
-pub const MAX_BODY_BYTES: usize = 128 * 1024 * 1024;
+/// `amqp.max_message_size` by default: RabbitMQ 4's default `max_message_size`, 16 MiB
+/// (3.x: 128 MiB). Larger bodies are refused by the broker.
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
+
+/// The most any RabbitMQ takes, whatever its `max_message_size` (512 MiB).
+pub const LARGEST_MAX_MESSAGE_SIZE: usize = 512 * 1024 * 1024;
 
 /// What every message of this relay shares.
 #[derive(Debug, Clone)]
@@ -17,8 +21,8 @@ pub struct MessageSettings {
     pub content_type: String,
     /// `node_id` header.
     pub node_id: String,
-    /// Larger envelopes are refused before publishing (permanent failure): the broker's
-    /// `max_message_size`, [`MAX_BODY_BYTES`] unless the broker is configured otherwise.
+    /// Larger envelopes are refused before publishing (permanent failure):
+    /// `amqp.max_message_size`, the broker's `max_message_size`.
     pub max_body_bytes: usize,
 }
 
@@ -26,10 +30,35 @@ pub struct MessageSettings {
 pub fn check_body(length: usize, limit: usize) -> Result<(), PublishError> {
     if length > limit {
         return Err(PublishError::Invalid(format!(
-            "envelope of {length} bytes exceeds the broker's maximum message size of {limit} bytes"
+            "envelope of {length} bytes exceeds the broker's maximum message size of {limit} \
+             bytes (amqp.max_message_size)"
         )));
     }
     Ok(())
+}
+
+/// The broker closed the channel because a body of `length` bytes is over its
+/// `max_message_size` (`PRECONDITION_FAILED - message size N is larger than [configured]
+/// max size M`): the event's own failure, dead at once, when the size it names is this
+/// body's. The other publishes in flight on the channel lose it through no fault of theirs
+/// (`None`): their bodies are of other sizes, or over the limit as well.
+pub fn oversized(text: &str, length: usize) -> Option<PublishError> {
+    let after = |marker: &str| -> Option<usize> {
+        let rest = &text[text.find(marker)? + marker.len()..];
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        rest[..digits].parse().ok()
+    };
+    let size = after("message size ")?;
+    let limit = after("max size ")?;
+    (size == length && size > limit).then(|| {
+        PublishError::Invalid(format!(
+            "envelope of {size} bytes is larger than the broker's max_message_size of {limit} \
+             bytes: the broker closed the channel (set amqp.max_message_size to the broker's \
+             limit to refuse such events before publishing)"
+        ))
+    })
 }
 
 /// A content header frame's bytes besides its properties: the frame's type, channel, size
@@ -356,7 +385,7 @@ mod tests {
         MessageSettings {
             content_type: "application/json".into(),
             node_id: "node-a".into(),
-            max_body_bytes: MAX_BODY_BYTES,
+            max_body_bytes: DEFAULT_MAX_MESSAGE_SIZE,
         }
     }
 
@@ -408,13 +437,40 @@ mod tests {
 
     #[test]
     fn bodies_over_the_broker_limit_are_permanent_failures() {
-        assert!(check_body(MAX_BODY_BYTES, MAX_BODY_BYTES).is_ok());
-        let error = check_body(MAX_BODY_BYTES + 1, MAX_BODY_BYTES).unwrap_err();
+        assert!(check_body(DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_MESSAGE_SIZE).is_ok());
+        let error = check_body(DEFAULT_MAX_MESSAGE_SIZE + 1, DEFAULT_MAX_MESSAGE_SIZE).unwrap_err();
         assert!(error.is_permanent());
         assert!(
             error.to_string().contains("maximum message size"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_channel_closed_over_this_bodys_size_is_its_own_failure() {
+        for text in [
+            "protocol error: AMQPError { kind: Soft(PRECONDITIONFAILED), message: \"PRECONDITION_FAILED - message size 17825804 is larger than configured max size 16777216\" }",
+            "PRECONDITION_FAILED - message size 17825804 is larger than max size 16777216",
+        ] {
+            let refused = oversized(text, 17_825_804).expect("this body's size");
+            assert!(refused.is_permanent());
+            let said = refused.to_string();
+            assert!(
+                said.contains("17825804") && said.contains("16777216"),
+                "names both sizes: {said}"
+            );
+            assert!(
+                oversized(text, 512).is_none(),
+                "another publish in flight on the channel: {text}"
+            );
+        }
+        for text in [
+            "connection reset by peer",
+            "PRECONDITION_FAILED - unknown delivery tag 7",
+            "PRECONDITION_FAILED - message size 100 is larger than max size",
+        ] {
+            assert!(oversized(text, 100).is_none(), "{text}");
+        }
     }
 
     #[test]

@@ -2,7 +2,8 @@
 
 use crate::broker::{ConfirmChannel, Link, Routing};
 use crate::confirms::Confirms;
-use crate::message::{check_body, check_header_frame, outbox_properties, OutboxLabels};
+use crate::message::{check_body, check_header_frame, outbox_properties, oversized, OutboxLabels};
+use crate::pacing::Pacing;
 use crate::span::PublishSpan;
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
@@ -30,6 +31,8 @@ pub struct AmqpPublisher {
     link: Arc<Link>,
     /// Where its outbox's messages go, and the header of their ordering key.
     routing: Arc<Routing>,
+    /// Slower while the broker nacks.
+    pacing: Arc<Pacing>,
 }
 
 /// An open confirm channel and its confirms, shared by the publishes on it (one `Arc`
@@ -62,6 +65,7 @@ impl AmqpPublisher {
             channel: Mutex::new(Some(Arc::new(Open::from(opened)))),
             link,
             routing,
+            pacing: Arc::default(),
         }
     }
 
@@ -154,6 +158,9 @@ impl EventPublisher for AmqpPublisher {
         // Nor to a broker that is away: the publish waits for it before its clock starts,
         // so an outage fails no event and costs none an attempt (outage.rs).
         self.link.reachable().await;
+        // Nor at full speed into a broker that nacks (its backpressure): the publish waits
+        // out the channel's pause, before its clock starts too (pacing.rs).
+        self.pacing.ready().await;
         let generation = self.link.generation();
         let mut clock: Clock = Box::pin(self.link.blocking().clock(timeout));
         within(
@@ -203,6 +210,13 @@ impl EventPublisher for AmqpPublisher {
         let (confirm, open) = match handed_off.await {
             Ok(handed) => handed,
             Err(error) => {
+                // Refused over its size while still being handed off: its own failure.
+                let error = match &error {
+                    PublishError::Channel(text) => {
+                        oversized(text, record.envelope.len()).unwrap_or(error)
+                    }
+                    _ => error,
+                };
                 if matches!(error, PublishError::Channel(_)) {
                     self.link.outage().lost_one();
                 }
@@ -216,7 +230,9 @@ impl EventPublisher for AmqpPublisher {
         };
         let exchange = exchange.to_owned();
         let link = Arc::clone(&self.link);
+        let pacing = Arc::clone(&self.pacing);
         let event_id = record.event_id.clone();
+        let body_bytes = record.envelope.len();
         Ok(Box::pin(async move {
             let outcome = match within(&mut clock, timeout, pin!(confirm)).await {
                 Err(timed_out) => Err(timed_out),
@@ -226,7 +242,9 @@ impl EventPublisher for AmqpPublisher {
                     if text.contains("NOT_FOUND") {
                         link.forget_exchange(&exchange);
                     }
-                    match refused_exchange(&text, &exchange) {
+                    match refused_exchange(&text, &exchange)
+                        .or_else(|| oversized(&text, body_bytes))
+                    {
                         Some(refused) => Err(refused),
                         None => {
                             link.outage().lost_one();
@@ -258,7 +276,12 @@ impl EventPublisher for AmqpPublisher {
             };
             match &outcome {
                 Err(PublishError::Timeout(_)) => link.timed_out(open.generation).await,
-                Ok(()) | Err(PublishError::Unroutable { .. } | PublishError::Nacked { .. }) => {
+                Err(PublishError::Nacked { .. }) => {
+                    pacing.nacked(tokio::time::Instant::now());
+                    link.confirmed(open.generation)
+                }
+                Ok(()) | Err(PublishError::Unroutable { .. }) => {
+                    pacing.acked();
                     link.confirmed(open.generation)
                 }
                 Err(_) => {}

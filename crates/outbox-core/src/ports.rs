@@ -83,17 +83,20 @@ impl PublishError {
     }
 
     /// True when the event itself caused the failure, so it costs one of its attempts
-    /// (`retry_count`, `relay.max_attempts`): no queue for its routing key, a nack, no
-    /// exchange of its name, a body or headers the broker cannot take. A timeout or a lost
-    /// channel or connection is the broker's outage, nobody's fault: the event keeps its
-    /// attempts and is published once the broker is back (docs/design/outcomes.md).
+    /// (`retry_count`, `relay.max_attempts`): no queue for its routing key, no exchange of
+    /// its name, a body or headers the broker cannot take. A timeout or a lost channel or
+    /// connection is the broker's outage, and a nack its backpressure (a queue at its
+    /// length limit under `reject-publish`, a quorum queue electing a leader): nobody's
+    /// fault, so the event keeps its attempts and is published once the broker takes it
+    /// again (docs/design/outcomes.md).
     pub fn counts_as_attempt(&self) -> bool {
         match self {
             PublishError::Unroutable { .. }
-            | PublishError::Nacked { .. }
             | PublishError::NoExchange { .. }
             | PublishError::Invalid(_) => true,
-            PublishError::Timeout(_) | PublishError::Channel(_) => false,
+            PublishError::Nacked { .. } | PublishError::Timeout(_) | PublishError::Channel(_) => {
+                false
+            }
         }
     }
 
@@ -410,7 +413,7 @@ mod tests {
             .collect();
         assert_eq!(
             counted,
-            ["unroutable", "nacked", "no_exchange", "invalid"],
+            ["unroutable", "no_exchange", "invalid"],
             "only what the event caused costs an attempt"
         );
     }

@@ -42,7 +42,7 @@ pub async fn eventually(what: &str, deadline: Duration, mut condition: impl FnMu
     }
 }
 
-/// A broker that acks, nacks the events named in `failing`, or holds confirms until told.
+/// A broker that acks, returns (unroutable) the events named in `failing`, or holds confirms until told.
 #[derive(Default)]
 pub struct FakePublisher {
     failing: HashSet<String>,
@@ -52,7 +52,7 @@ pub struct FakePublisher {
 }
 
 impl FakePublisher {
-    /// Nacks the named events, acks the rest at once.
+    /// Returns the named events as unroutable, acks the rest at once.
     pub fn failing(event_ids: &[&str]) -> Arc<Self> {
         Arc::new(Self {
             failing: event_ids.iter().map(|id| (*id).to_owned()).collect(),
@@ -95,7 +95,7 @@ impl EventPublisher for FakePublisher {
         self.attempted.lock().unwrap().push(record.event_id.clone());
         if self.failing.contains(&record.event_id) {
             return Ok(Box::pin(async {
-                Err(PublishError::Nacked {
+                Err(PublishError::Unroutable {
                     exchange: "x".into(),
                     routing_key: "k".into(),
                 })

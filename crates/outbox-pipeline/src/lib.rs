@@ -16,6 +16,8 @@
 //!   key under `per_room` ordering; holds back a key behind a failure.
 //! - [`marker`]: the single writer of outcomes; batches them, decides retry or dead, and
 //!   never drops one (a failed flush is retried).
+//! - `failure_log`: which failures the Marker says in full, and the summary line per
+//!   reason that stands for the rest.
 //! - [`listener`]: beside the pipeline, when the store announces inserts (PostgreSQL):
 //!   wakes the Scheduler on each, reconnecting with backoff.
 //! - [`janitor`]: beside the pipeline, when `relay.retention` is set: deletes published
@@ -25,6 +27,7 @@
 //! - [`relay`]: wires the actors and shuts them down in order.
 //! - [`instruments`]: the metrics the actors record (names, and handles resolved once).
 
+mod failure_log;
 pub mod fetcher;
 mod flight;
 pub mod floor;

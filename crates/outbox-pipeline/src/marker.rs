@@ -1,5 +1,6 @@
 //! [`Marker`]: the single writer of outcomes.
 
+use crate::failure_log::{Example, FailureLog, Fate, Summary};
 use crate::fetcher::Marked;
 use crate::instruments::{OutcomeCounters, StallGauges};
 use crate::stall::{Stall, StallChange, StallWatch};
@@ -127,6 +128,8 @@ pub struct Marker {
     stalls: watch::Sender<Option<Stall>>,
     /// `outbox_stalled`.
     stall_gauges: StallGauges,
+    /// Which failures were said in full, and what waits for a summary line.
+    failures: FailureLog,
 }
 
 /// How often the stall state is looked at.
@@ -163,12 +166,61 @@ impl Marker {
             stall,
             stalls: watch::channel(None).0,
             stall_gauges,
+            failures: FailureLog::default(),
         }
     }
 
     /// The stall state as it changes: `Some` while the outbox is stalled.
     pub fn stall_reports(&self) -> watch::Receiver<Option<Stall>> {
         self.stalls.subscribe()
+    }
+
+    /// Writes a line for each failure reason that failed again since its last line, once
+    /// that line is [`crate::failure_log::SUMMARY_INTERVAL`] old, or (`all`: stopping) however recent.
+    fn sum_up_failures(&mut self, all: bool) {
+        let (worker, outbox, node_id) = (
+            &self.options.worker,
+            &self.options.outbox,
+            &self.options.node_id,
+        );
+        for Summary {
+            fate,
+            reason,
+            failures,
+            over,
+            example,
+        } in self.failures.due(Instant::now(), all)
+        {
+            macro_rules! summary {
+                ($level:ident, $status:literal, $message:literal) => {
+                    $level!(
+                        worker = %worker,
+                        outbox = %outbox,
+                        node_id = %node_id,
+                        status = $status,
+                        reason,
+                        failures,
+                        over = ?over,
+                        event_id = %example.event_id,
+                        room_id = %example.key,
+                        error = %example.error,
+                        $message
+                    )
+                };
+            }
+            match fate {
+                Fate::Pending => summary!(
+                    warn,
+                    "pending",
+                    "publishes failed for this reason since its last line; they will be retried (each at debug)"
+                ),
+                Fate::Dead => summary!(
+                    error,
+                    "dead",
+                    "events dead for this reason since its last line (each at debug)"
+                ),
+            }
+        }
     }
 
     /// Looks whether the outbox stalled or moves again; says so once.
@@ -378,6 +430,26 @@ impl Marker {
                 | Resolution::Dead { error, .. } => error.as_str(),
                 Resolution::Published | Resolution::Released => "",
             };
+            // The first failure of a reason is said at its level, the rest at debug and in
+            // a summary every SUMMARY_INTERVAL (failure_log.rs). A broker outage (timeout,
+            // lost channel) is the link's to tell, in one line when it begins.
+            let fate = match resolution {
+                Resolution::Retried { reason, .. } => Some((Fate::Pending, *reason)),
+                Resolution::Deferred { reason, .. }
+                    if !matches!(*reason, "timeout" | "channel") =>
+                {
+                    Some((Fate::Pending, *reason))
+                }
+                Resolution::Dead { reason, .. } => Some((Fate::Dead, *reason)),
+                _ => None,
+            };
+            let in_full = fate.is_some_and(|(fate, reason)| {
+                self.failures.note(now, fate, reason, || Example {
+                    event_id: record.event_id.clone(),
+                    key: record.key.clone(),
+                    error: error.to_owned(),
+                })
+            });
             macro_rules! outcome {
                 ($level:ident, $status:expr, $retry_count:expr, $message:literal) => {
                     $level!(
@@ -403,21 +475,38 @@ impl Marker {
                 Resolution::Published => {
                     outcome!(debug, "published", record.retry_count, "event published")
                 }
-                Resolution::Retried { .. } => outcome!(
+                Resolution::Retried { .. } if in_full => outcome!(
                     warn,
                     "pending",
                     record.retry_count + 1,
                     "publish failed; will retry"
                 ),
-                // The broker's outage is logged once by the link, not once per event.
+                Resolution::Retried { .. } => outcome!(
+                    debug,
+                    "pending",
+                    record.retry_count + 1,
+                    "publish failed; will retry"
+                ),
+                Resolution::Deferred { .. } if in_full => outcome!(
+                    warn,
+                    "pending",
+                    record.retry_count,
+                    "publish refused by the broker; will retry, attempts kept"
+                ),
                 Resolution::Deferred { .. } => outcome!(
                     debug,
                     "pending",
                     record.retry_count,
-                    "publish failed while the broker was away; will retry, attempts kept"
+                    "publish failed through no fault of the event; will retry, attempts kept"
+                ),
+                Resolution::Dead { .. } if in_full => outcome!(
+                    error,
+                    "dead",
+                    record.retry_count + 1,
+                    "publish failed; event is dead"
                 ),
                 Resolution::Dead { .. } => outcome!(
-                    error,
+                    debug,
                     "dead",
                     record.retry_count + 1,
                     "publish failed; event is dead"
@@ -438,6 +527,7 @@ impl Marker {
 
     fn stop_if_drained(&mut self, ctx: &mut Context<Self>) {
         if !self.drained.is_empty() && self.waiting.is_empty() && self.flushing.is_none() {
+            self.sum_up_failures(true);
             if self.released_on_shutdown > 0 {
                 info!(
                     worker = %self.options.worker,
@@ -477,7 +567,10 @@ impl Actor for Marker {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(STALL_CHECK, |marker, _| marker.check_stall());
+        ctx.run_interval(STALL_CHECK, |marker, _| {
+            marker.check_stall();
+            marker.sum_up_failures(false);
+        });
     }
 
     fn stopping(&mut self, _: &mut Self::Context) -> Running {
@@ -540,11 +633,22 @@ mod tests {
         record.retry_count = retry_count;
         Outcome {
             record,
-            kind: OutcomeKind::Failed(PublishError::Nacked {
+            kind: OutcomeKind::Failed(PublishError::Unroutable {
                 exchange: "x".into(),
                 routing_key: "k".into(),
             }),
             bytes: 2,
+        }
+    }
+
+    /// A publish the broker nacked (its backpressure, not the event's doing).
+    fn nacked(id: i64, retry_count: i32) -> Outcome {
+        Outcome {
+            kind: OutcomeKind::Failed(PublishError::Nacked {
+                exchange: "x".into(),
+                routing_key: "k".into(),
+            }),
+            ..failed(id, retry_count)
         }
     }
 
@@ -581,7 +685,7 @@ mod tests {
         assert_eq!(batches[0].published, vec![1, 2]);
         assert_eq!(batches[0].retried.len(), 1);
         assert!(
-            batches[0].retried[0].0.error.contains("nacked"),
+            batches[0].retried[0].0.error.contains("unroutable"),
             "{:?}",
             batches[0].retried
         );
@@ -651,6 +755,30 @@ mod tests {
     }
 
     #[actix_rt::test]
+    async fn a_nack_never_turns_an_event_dead_nor_costs_it_an_attempt() {
+        let store = Arc::new(FakeStore::default());
+        let (fetcher, _marked) = Collector::<Marked>::start();
+        let marker = Marker::new(store.clone(), fetcher.recipient(), options(2, 3)).start();
+        marker.do_send(nacked(1, 0));
+        marker.do_send(nacked(2, 2));
+        eventually("a committed batch", DEADLINE, || {
+            !store.committed().is_empty()
+        })
+        .await;
+        let batch = &store.committed()[0];
+        assert!(
+            batch.dead.is_empty() && batch.retried.is_empty(),
+            "{batch:?}"
+        );
+        assert_eq!(
+            batch.deferred.iter().map(|(f, _)| f.id).collect::<Vec<_>>(),
+            vec![1, 2],
+            "deferred, attempts kept, even at the last allowed attempt"
+        );
+        assert!(batch.deferred[0].0.error.contains("nacked"), "{batch:?}");
+    }
+
+    #[actix_rt::test]
     async fn failures_with_nothing_published_stall_the_outbox_and_a_publish_ends_it() {
         let store = Arc::new(FakeStore::default());
         let (fetcher, _marked) = Collector::<Marked>::start();
@@ -668,9 +796,9 @@ mod tests {
             .unwrap()
             .clone()
             .unwrap();
-        assert_eq!(stalled.reason, "nacked");
+        assert_eq!(stalled.reason, "unroutable");
         assert_eq!(stalled.failures, 1);
-        assert!(stalled.error.contains("nacked"), "{stalled:?}");
+        assert!(stalled.error.contains("unroutable"), "{stalled:?}");
         marker.do_send(published(2));
         tokio::time::timeout(DEADLINE, stalls.wait_for(Option::is_none))
             .await

@@ -206,6 +206,9 @@ pub struct AmqpSection {
     pub routing_key: String,
     /// `content_type` of every message.
     pub content_type: String,
+    /// The broker's `max_message_size` in bytes: a larger envelope is dead at once, never
+    /// published. RabbitMQ 4's default (3.x: 134217728); zero or less: the default.
+    pub max_message_size: i64,
     /// A column whose value, when not NULL, is the row's `content_type`. Blank: none.
     pub content_type_column: String,
     /// Per-event-type exchange and routing key; first match wins.
@@ -405,6 +408,7 @@ impl Default for AmqpSection {
             declare_exchange: true,
             routing_key: "{event_type}".into(),
             content_type: "application/json".into(),
+            max_message_size: outbox_amqp::message::DEFAULT_MAX_MESSAGE_SIZE as i64,
             content_type_column: String::new(),
             routes: Vec::new(),
             key_header: "room_id".into(),
@@ -534,6 +538,7 @@ impl std::fmt::Debug for AmqpSection {
             .field("declare_exchange", &self.declare_exchange)
             .field("routing_key", &self.routing_key)
             .field("content_type", &self.content_type)
+            .field("max_message_size", &self.max_message_size)
             .field("content_type_column", &self.content_type_column)
             .field("routes", &self.routes)
             .field("key_header", &self.key_header)

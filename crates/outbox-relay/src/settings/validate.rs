@@ -12,6 +12,7 @@ use super::shape::{
 };
 use super::ConfigError;
 use crate::secrets::{self, redact_url, PasswordKeys, Secrets};
+use outbox_amqp::message::LARGEST_MAX_MESSAGE_SIZE;
 use outbox_amqp::{AmqpSettings, BrokerUrl, MessageSettings};
 use outbox_core::{RelayOptions, RetryPolicy, Route, RouteField, Router, RoutingKeyTemplate};
 use outbox_store::ColumnName;
@@ -375,10 +376,27 @@ impl AmqpSection {
             })
             .collect();
         let tls_ca_pem = check.take(secrets::tls_ca_file(&urls, &self.tls_ca_file));
+        let defaults = Self::default();
+        let max_message_size = match check.size(
+            "max_message_size",
+            self.max_message_size,
+            defaults.max_message_size,
+        ) {
+            size if size > LARGEST_MAX_MESSAGE_SIZE => check.reject(
+                "max_message_size",
+                size.to_string(),
+                format!(
+                    "a number of bytes from 1 to {LARGEST_MAX_MESSAGE_SIZE} (RabbitMQ's largest), \
+                     the broker's max_message_size"
+                ),
+            ),
+            size => Some(size),
+        };
         let routing = self.routing(check);
 
         let brokers: Option<Vec<BrokerUrl>> = brokers.into_iter().collect();
         let (relay, brokers, routing) = (relay?, brokers?, routing?);
+        let max_message_size = max_message_size?;
         Some(AmqpSettings {
             brokers,
             tls_ca_pem: tls_ca_pem?,
@@ -391,7 +409,7 @@ impl AmqpSection {
             topology: Vec::new(),
             message: MessageSettings {
                 content_type: self.content_type.clone(),
-                max_body_bytes: outbox_amqp::message::MAX_BODY_BYTES,
+                max_body_bytes: max_message_size,
                 node_id: relay.node_id.clone(),
             },
             publish_timeout: relay.publish_timeout,

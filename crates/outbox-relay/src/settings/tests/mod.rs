@@ -201,6 +201,22 @@ fn a_batch_size_beyond_the_bound_is_rejected() {
 }
 
 #[test]
+fn the_broker_message_size_is_rabbitmq_4s_default_and_bounded_by_rabbitmq_s_largest() {
+    let config = load("", &[]).unwrap();
+    assert_eq!(config.amqp.message.max_body_bytes, 16 * 1024 * 1024);
+    let config = load("[amqp]\nmax_message_size = 134217728", &[]).unwrap();
+    assert_eq!(
+        config.amqp.message.max_body_bytes, 134_217_728,
+        "3.x's default"
+    );
+    let error = load("[amqp]\nmax_message_size = 536870913", &[]).unwrap_err();
+    assert!(
+        error.contains("amqp.max_message_size") && error.contains("1 to 536870912"),
+        "{error}"
+    );
+}
+
+#[test]
 fn unknown_key_in_the_file_is_rejected() {
     let error = load("[relay]\nbatchsize = 5", &[]).unwrap_err();
     assert!(error.contains("relay.batchsize"), "{error}");
