@@ -380,7 +380,7 @@ async fn start_one(
     let poll_interval = options.poll_interval;
     let store_port: Arc<dyn OutboxStore> = Arc::new(store.clone());
     let mut relay = match node {
-        Some(node) => Relay::start_holding(store_port, ports, options, node).await?,
+        Some(node) => Relay::start_holding(store_port, ports, options, node),
         None => Relay::start(store_port, ports, options).await?,
     };
     let database = &config.database;
