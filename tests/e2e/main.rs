@@ -116,6 +116,10 @@ mod top;
 /// OpenTelemetry: a producer span per publish at an OTLP receiver, parented to the row's
 /// `traceparent`, its context in the message's headers.
 mod traces;
+/// Transient database failures at start and mid-run on every backend — a genuine
+/// deadlock of the start-up lease release on MariaDB, PostgreSQL's `lock_timeout`,
+/// SQLite's busy timeout, connections reset — retried: `run` never ends on one.
+mod transient_database;
 /// PostgreSQL's insert trigger NOTIFYs only a sleeping relay (the wake lock), and
 /// `migrate` carries an older trigger over while producers insert.
 mod wake_lock;

@@ -129,6 +129,10 @@ pub struct FakeStore {
     pub failing_claims: AtomicUsize,
     /// Calls of `release_node` so far.
     pub node_releases: AtomicUsize,
+    /// Releases to fail before succeeding again.
+    pub failing_releases: AtomicUsize,
+    /// Claims that reached the table (not failed by `failing_claims`).
+    pub claims: AtomicUsize,
     /// Marks to fail before succeeding again.
     pub failing_marks: AtomicUsize,
     /// Failed mark attempts so far.
@@ -195,6 +199,7 @@ impl OutboxStore for FakeStore {
         if countdown(&self.failing_claims) {
             return Err(StoreError::Database("connection reset".into()));
         }
+        self.claims.fetch_add(1, Ordering::SeqCst);
         let mut claimable = self.claimable.lock().unwrap();
         let mut take = request.limit.min(claimable.len());
         if let Some(max_bytes) = request.max_bytes {
@@ -227,6 +232,9 @@ impl OutboxStore for FakeStore {
 
     async fn release_node(&self, _: &str) -> Result<u64, StoreError> {
         self.node_releases.fetch_add(1, Ordering::SeqCst);
+        if countdown(&self.failing_releases) {
+            return Err(StoreError::Database("deadlock found".into()));
+        }
         Ok(0)
     }
 

@@ -115,13 +115,17 @@ pub struct Fetcher {
     stopped: bool,
     /// After a failed claim: no claim before this instant ([`CLAIM_BACKOFF`]).
     retry_at: Option<Instant>,
-    /// A failed claim may have committed with its answer lost, leaving rows leased to this
-    /// node that no publisher holds (later rows of their keys could overtake them). So no
-    /// claim starts while rows are in flight, and the next one first releases this node's
-    /// leases: with nothing in flight, exactly those. See docs/design/claims.md#releases.
-    unsure: bool,
+    /// The next claim first releases this node's leases, which with nothing in flight are
+    /// rows no publisher holds: at start, those an earlier, ended run of this node left
+    /// (the node is held, so no live process relays as it); after a failed claim, those
+    /// it may have committed with its answer lost (later rows of their keys could overtake
+    /// them), so no claim starts while rows are in flight. A release that fails is retried
+    /// with the claim, with backoff. See docs/design/claims.md#releases.
+    release_first: Option<Release>,
     /// Between claims while they fail.
     backoff: Backoff,
+    /// The last lease renewal failed (its recovery is logged once).
+    renewals_failing: bool,
     /// A Tick was turned away, or its claim cut short, until outcomes are written (the
     /// in-flight bound, or orphans of a failed claim): the next [`Marked`] wakes the
     /// Scheduler.
@@ -138,6 +142,15 @@ pub struct Fetcher {
     /// The highest position this Fetcher has claimed: every row it holds is at or below
     /// it, so a renewal reads no further (the backlog behind stays unread).
     last_claimed: Option<i64>,
+}
+
+/// Whose leases the next claim releases first ([`Fetcher`]'s `release_first`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Release {
+    /// An earlier, ended run's: this node's first claim.
+    EarlierRun,
+    /// A failed claim's, committed with its answer lost.
+    FailedClaim,
 }
 
 /// Claims after a failed one: 100 ms doubling to 10 s, jittered.
@@ -174,8 +187,9 @@ impl Fetcher {
             max_in_flight_bytes: max_in_flight_bytes.max(1),
             stopped: false,
             retry_at: None,
-            unsure: false,
+            release_first: Some(Release::EarlierRun),
             backoff: CLAIM_BACKOFF,
+            renewals_failing: false,
             deferred: false,
             announced: false,
             sizes: ClaimSizes::new(outbox),
@@ -212,15 +226,30 @@ impl Actor for Fetcher {
             let node_id = fetcher.request.node_id.clone();
             let lease = fetcher.request.lease;
             let up_to = fetcher.last_claimed;
-            let outbox = Arc::clone(&fetcher.outbox);
             ctx.spawn(
-                async move {
-                    match store.renew(&node_id, lease, up_to).await {
-                        Ok(renewed) => debug!(%outbox, renewed, "leases renewed"),
-                        Err(error) => warn!(%outbox, %error, "renewing leases failed; retrying"),
-                    }
-                }
-                .into_actor(fetcher),
+                async move { store.renew(&node_id, lease, up_to).await }
+                    .into_actor(fetcher)
+                    .map(|renewed, fetcher, _| {
+                        let outbox = &fetcher.outbox;
+                        // Said once when renewals begin to fail and once when they work
+                        // again; the next interval retries.
+                        match (renewed, fetcher.renewals_failing) {
+                            (Ok(renewed), failing) => {
+                                if failing {
+                                    info!(%outbox, renewed, "renewing leases works again");
+                                }
+                                debug!(%outbox, renewed, "leases renewed");
+                                fetcher.renewals_failing = false;
+                            }
+                            (Err(error), false) => {
+                                warn!(%outbox, %error, "renewing leases failed; retrying at each renewal");
+                                fetcher.renewals_failing = true;
+                            }
+                            (Err(error), true) => {
+                                debug!(%outbox, %error, "renewing leases failed again");
+                            }
+                        }
+                    }),
             );
         });
     }
@@ -243,7 +272,7 @@ impl Handler<Tick> for Fetcher {
             _ => self.max_in_flight.saturating_sub(self.in_flight),
         };
         let backing_off = self.retry_at.is_some_and(|at| Instant::now() < at);
-        let waiting_for_orphans = self.unsure && self.in_flight > 0;
+        let waiting_for_orphans = self.release_first.is_some() && self.in_flight > 0;
         if room == 0 || waiting_for_orphans {
             self.deferred = true;
         }
@@ -260,23 +289,31 @@ impl Handler<Tick> for Fetcher {
         let now = Instant::now();
         request.floor = self.floor.next(now);
         let store = Arc::clone(&self.store);
-        let release_first = self.unsure;
+        let release_first = self.release_first;
         AtomicResponse::new(Box::pin(
             async move {
                 let started = std::time::Instant::now();
+                let mut released = None;
                 let claimed = match release_first {
-                    true => match store.release_node(&request.node_id).await {
-                        Ok(_) => store.claim_with_floor(&request).await,
+                    Some(_) => match store.release_node(&request.node_id).await {
+                        Ok(count) => {
+                            released = Some(count);
+                            store.claim_with_floor(&request).await
+                        }
                         Err(error) => Err(error),
                     },
-                    false => store.claim_with_floor(&request).await,
+                    None => store.claim_with_floor(&request).await,
                 };
-                (request.limit, request.floor, claimed, started.elapsed())
+                (request.limit, request.floor, claimed, started.elapsed(), released)
             }
             .into_actor(self)
-            .map(move |(limit, asked, claimed, took), fetcher, ctx| match claimed {
+            .map(move |(limit, asked, claimed, took, released), fetcher, ctx| {
+                if let (Some(Release::EarlierRun), Some(released @ 1..)) = (release_first, released) {
+                    info!(outbox = %fetcher.outbox, released, node_id = %fetcher.request.node_id, "released leases left by an earlier run of this node, which has ended");
+                }
+                match claimed {
                 Ok(claimed) => {
-                    fetcher.unsure = false;
+                    fetcher.release_first = None;
                     if fetcher.retry_at.take().is_some() {
                         info!(outbox = %fetcher.outbox, "database available again; claiming");
                     }
@@ -322,11 +359,17 @@ impl Handler<Tick> for Fetcher {
                     } else {
                         debug!(outbox = %fetcher.outbox, %error, ?retry_in, "claim failed again");
                     }
-                    fetcher.unsure = true;
+                    // A claim that fails may have committed; a release that fails has
+                    // released nothing yet.
+                    fetcher.release_first = match (released, release_first) {
+                        (None, Some(earlier)) => Some(earlier),
+                        _ => Some(Release::FailedClaim),
+                    };
                     fetcher.next_limit = fetcher.request.limit;
                     fetcher.floor.forget();
                     fetcher.retry_at = Some(Instant::now() + retry_in);
                     TickReport::default()
+                }
                 }
             }),
         ))
@@ -707,6 +750,8 @@ mod tests {
             .extend((1..=15).map(|id| record(id, "a")));
         let (fetcher, _published) = fetcher(Arc::clone(&store), Duration::from_secs(30));
         assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 10);
+        let releases = || store.node_releases.load(AtomicOrdering::SeqCst);
+        assert_eq!(releases(), 1, "the first claim released an earlier run's");
         store.failing_claims.store(1, AtomicOrdering::SeqCst);
         assert_eq!(
             fetcher.send(Tick).await.unwrap().claimed,
@@ -719,7 +764,7 @@ mod tests {
         tokio::time::pause();
         tokio::time::advance(Duration::from_millis(100)).await;
         assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 0);
-        assert_eq!(store.node_releases.load(AtomicOrdering::SeqCst), 0);
+        assert_eq!(releases(), 1);
         fetcher.do_send(Marked {
             count: 10,
             bytes: 0,
@@ -727,8 +772,8 @@ mod tests {
         });
         assert_eq!(fetcher.send(Tick).await.unwrap().claimed, 5);
         assert_eq!(
-            store.node_releases.load(AtomicOrdering::SeqCst),
-            1,
+            releases(),
+            2,
             "nothing in flight: this node's leases were released first"
         );
         assert_eq!(
@@ -736,10 +781,27 @@ mod tests {
             0,
             "the table is drained"
         );
+        assert_eq!(releases(), 2, "released once, not on every claim");
+    }
+
+    #[actix_rt::test]
+    async fn a_failed_release_of_an_earlier_runs_leases_is_retried_before_the_first_claim() {
+        let store = Arc::new(FakeStore::default());
+        store.claimable.lock().unwrap().push(record(1, "a"));
+        store.failing_releases.store(2, AtomicOrdering::SeqCst);
+        let rig = rig(Arc::clone(&store), Duration::from_secs(30));
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 0);
+        // The backoff's own wakes, not waited for: the clock is moved past each delay.
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 0);
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(rig.fetcher.send(Tick).await.unwrap().claimed, 1);
+        assert_eq!(store.node_releases.load(AtomicOrdering::SeqCst), 3);
         assert_eq!(
-            store.node_releases.load(AtomicOrdering::SeqCst),
+            store.claims.load(AtomicOrdering::SeqCst),
             1,
-            "released once, not on every claim"
+            "no claim before the release went through"
         );
     }
 

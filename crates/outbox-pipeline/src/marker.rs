@@ -361,6 +361,14 @@ impl Marker {
         .into_actor(self)
         .map(|result, marker, ctx| match result {
             Ok(()) => {
+                if !marker.backoff.is_reset() {
+                    info!(
+                        worker = %marker.options.worker,
+                        outbox = %marker.options.outbox,
+                        node_id = %marker.options.node_id,
+                        "writing outcomes works again"
+                    );
+                }
                 marker.backoff.reset();
                 if let Some((_, decided)) = marker.flushing.take() {
                     marker.log_committed(&decided);
@@ -377,17 +385,24 @@ impl Marker {
             }
             Err(error) => {
                 let rows = marker.flushing.as_ref().map_or(0, |(batch, _)| batch.len());
+                // Said once when the failures begin (and once when they end), not at
+                // every retry.
+                let first = marker.backoff.is_reset();
                 let retry_in = marker.backoff.next_delay();
-                warn!(
-                    worker = %marker.options.worker,
-                    outbox = %marker.options.outbox,
-                    node_id = %marker.options.node_id,
-                    status = "batch_failed",
-                    rows,
-                    ?retry_in,
-                    %error,
-                    "writing outcomes failed; keeping them and retrying"
-                );
+                if first {
+                    warn!(
+                        worker = %marker.options.worker,
+                        outbox = %marker.options.outbox,
+                        node_id = %marker.options.node_id,
+                        status = "batch_failed",
+                        rows,
+                        ?retry_in,
+                        %error,
+                        "writing outcomes failed; keeping them and retrying"
+                    );
+                } else {
+                    debug!(outbox = %marker.options.outbox, rows, ?retry_in, %error, "writing outcomes failed again");
+                }
                 ctx.run_later(retry_in, |marker, ctx| marker.write(ctx));
             }
         })

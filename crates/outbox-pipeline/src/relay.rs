@@ -64,37 +64,35 @@ pub type NodeLost = std::pin::Pin<Box<dyn std::future::Future<Output = String> +
 impl Relay {
     /// Starts the actors on the current actix system: one Publisher per port. Takes the
     /// node first ([`OutboxStore::hold_node`]: [`StoreError::NodeTaken`] while another live
-    /// process runs as it), then releases the leases an earlier, ended process with the
-    /// same `node_id` left, so none of this node's rows stays locked by a process that no
-    /// longer exists.
+    /// process runs as it); the Fetcher's first claim then releases the leases an earlier,
+    /// ended process with the same `node_id` left, so none of this node's rows stays
+    /// locked by a process that no longer exists. That release is retried with the claim
+    /// while the database fails it (a deadlock, a lock timeout, a lost connection): only
+    /// taking the node can fail the start.
     pub async fn start(
         store: Arc<dyn OutboxStore>,
         ports: Vec<Arc<dyn EventPublisher>>,
         options: RelayOptions,
     ) -> Result<Self, StoreError> {
         let node = store.hold_node(&options.node_id).await?;
-        Self::start_holding(store, ports, options, node).await
+        Ok(Self::start_holding(store, ports, options, node))
     }
 
     /// [`Relay::start`] with the node already held ([`OutboxStore::hold_node`]): `run`
     /// takes it as soon as the database answers, before it waits for the broker.
-    pub async fn start_holding(
+    pub fn start_holding(
         store: Arc<dyn OutboxStore>,
         ports: Vec<Arc<dyn EventPublisher>>,
         options: RelayOptions,
         mut node: NodeHold,
-    ) -> Result<Self, StoreError> {
+    ) -> Self {
         assert!(
             !ports.is_empty(),
             "the relay needs at least one publisher port"
         );
-        // First the node, then its leases: held, no other live process can be relaying as
-        // this node, so any lease it holds is a dead run's.
+        // First the node, then its leases (the Fetcher's first claim): held, no other live
+        // process can be relaying as this node, so any lease it holds is a dead run's.
         let node_lost = node.take_lost();
-        let released = store.release_node(&options.node_id).await?;
-        if released > 0 {
-            info!(outbox = %options.outbox, released, node_id = %options.node_id, "released leases left by an earlier run of this node, which has ended");
-        }
         // Scheduler and Fetcher, Fetcher and Marker know each other: take their addresses
         // before starting them.
         let scheduler_ctx = Context::<Scheduler>::new();
@@ -174,7 +172,7 @@ impl Relay {
             ordering = %options.ordering,
             "relay started"
         );
-        Ok(Self {
+        Self {
             scheduler,
             fetcher,
             publishers,
@@ -187,7 +185,7 @@ impl Relay {
             _node: node,
             node_lost,
             stall,
-        })
+        }
     }
 
     /// Claims at once whenever `feed` announces inserts (PostgreSQL's NOTIFY), besides

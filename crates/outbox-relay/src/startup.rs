@@ -1,6 +1,7 @@
 //! Opening the stores and the broker and starting the relays: shared by `run`, `demo`, the
 //! other commands and the end-to-end tests.
 
+use crate::dependency::Verdict;
 use crate::settings::{Config, OutboxConfig};
 use anyhow::Context as _;
 use outbox_amqp::{Broker, Routing};
@@ -156,7 +157,8 @@ pub async fn open_unchecked(
 
 /// Checks the store's mapping against its table: a mapping problem is a
 /// [`ConfigProblem`] (`outbox orders: table orders_outbox: columns.key: column "x" does
-/// not exist in table orders_outbox`), a missing or unmigrated table a runtime error.
+/// not exist in table orders_outbox`), a missing or unmigrated table a runtime error, and
+/// so is a failure a retry fixes (a lock not had in time, a lost connection).
 pub async fn check_columns(outbox: &str, store: &mut SeaOrmStore) -> anyhow::Result<()> {
     match store.check_columns().await {
         Ok(()) => Ok(()),
@@ -165,7 +167,9 @@ pub async fn check_columns(outbox: &str, store: &mut SeaOrmStore) -> anyhow::Res
             error @ (outbox_store::Error::Mapping { .. }
             | outbox_store::Error::ExtraColumns { .. }
             | outbox_store::Error::Unreadable { .. }),
-        ) => Err(ConfigProblem(format!("outbox {outbox}: {error}")).into()),
+        ) if crate::dependency::classify::store_error(&error) == Verdict::Refused => {
+            Err(ConfigProblem(format!("outbox {outbox}: {error}")).into())
+        }
         Err(error) => Err(anyhow::Error::new(error).context(format!("outbox {outbox}"))),
     }
 }
@@ -322,14 +326,26 @@ pub async fn start_relays(
     start_relays_holding(config, outboxes, broker, nodes).await
 }
 
-/// Takes this process's node on every outbox's table ([`OutboxStore::hold_node`]), in
+/// Takes this process's node on every outbox's table ([`SeaOrmStore::take_node`]), in
 /// the order of `outboxes`: a live process running as the same `node_id` on one of them
-/// refuses the start ([`outbox_core::StoreError::NodeTaken`], exit code 2).
+/// refuses the start ([`outbox_store::Error::NodeTaken`], exit code 2); a failure of the
+/// database keeps the driver's error, which [`crate::dependency::classify`] reads.
 pub async fn hold_nodes(config: &Config, outboxes: &[OpenOutbox]) -> anyhow::Result<Vec<NodeHold>> {
     let mut nodes = Vec::with_capacity(outboxes.len());
     for outbox in outboxes {
         let node_id = outbox.config.relay_options(&config.relay).node_id;
-        nodes.push(outbox.store.hold_node(&node_id).await?);
+        let node = match outbox.store.take_node(&node_id).await {
+            Ok(node) => node,
+            // Its text says which node, on which table, and what to do.
+            Err(error @ outbox_store::Error::NodeTaken(_)) => return Err(error.into()),
+            Err(error) => {
+                let outbox = &outbox.config.name;
+                let context =
+                    format!("outbox {outbox}: cannot take the lock of node_id {node_id:?}");
+                return Err(anyhow::Error::new(error).context(context));
+            }
+        };
+        nodes.push(node);
     }
     Ok(nodes)
 }
@@ -380,7 +396,7 @@ async fn start_one(
     let poll_interval = options.poll_interval;
     let store_port: Arc<dyn OutboxStore> = Arc::new(store.clone());
     let mut relay = match node {
-        Some(node) => Relay::start_holding(store_port, ports, options, node).await?,
+        Some(node) => Relay::start_holding(store_port, ports, options, node),
         None => Relay::start(store_port, ports, options).await?,
     };
     let database = &config.database;

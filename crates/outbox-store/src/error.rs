@@ -47,6 +47,10 @@ pub enum Error {
         table: TableName,
         /// The database's message.
         reason: String,
+        /// The driver's error, for telling a failure a retry fixes (a lock not had in
+        /// time, a lost connection) from a column that cannot be read. Not a `source`: its
+        /// text is `reason`.
+        cause: DbErr,
     },
     /// The column mapping does not fit the table: every problem found.
     #[error("table {table}: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -79,6 +83,18 @@ pub enum Error {
     /// The database refused or failed a statement (the driver's message).
     #[error(transparent)]
     Database(#[from] DbErr),
+    /// Another live process runs as the same `node_id` on the table ([`crate::NodeLock`]):
+    /// what is known of it, and what to do.
+    #[error("{0}")]
+    NodeTaken(String),
+    /// The node lock's file beside a SQLite database cannot be opened or written.
+    #[error("cannot open the node lock file {path}: {source}")]
+    NodeLockFile {
+        /// The lock file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// Lets a producer's code that works in [`DbErr`] (its own sea-orm statements around
@@ -88,6 +104,16 @@ impl From<Error> for DbErr {
         match error {
             Error::Database(error) | Error::Connect { cause: error, .. } => error,
             other => DbErr::Custom(other.to_string()),
+        }
+    }
+}
+
+/// The port's error: the text, and a refusal of the node as what it is.
+impl From<Error> for outbox_core::StoreError {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::NodeTaken(holder) => Self::NodeTaken(holder),
+            other => Self::Database(other.to_string()),
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::sql::{DEAD, PENDING, PUBLISHED};
 use crate::store::SeaOrmStore;
 use chrono::Utc;
 use outbox_core::{MarkBatch, PublishedRows};
-use sea_orm::{ConnectionTrait, DbErr, TransactionTrait};
+use sea_orm::{ConnectionTrait, DbErr, IsolationLevel, TransactionTrait};
 use std::time::Duration;
 
 impl SeaOrmStore {
@@ -122,6 +122,11 @@ impl SeaOrmStore {
     }
 
     /// Clears every lease `node_id` holds on pending rows; returns how many.
+    ///
+    /// MySQL/MariaDB: under READ COMMITTED, so that the statement keeps locks only on the
+    /// rows it changes (this node's), not on every pending row and gap it reads: under
+    /// REPEATABLE READ it locked the whole backlog, and a producer's transaction locking
+    /// rows of it in another order made a deadlock of it.
     pub(crate) async fn release_leases(&self, node_id: &str) -> Result<u64, DbErr> {
         let t = self.table();
         let mut params = Params::new(self.dialect());
@@ -130,6 +135,15 @@ impl SeaOrmStore {
             "UPDATE {t} SET locked_by = NULL, locked_until = NULL \
              WHERE locked_by = {node} AND status = {PENDING}"
         ));
+        if self.dialect() == Dialect::MySql {
+            let txn = self
+                .connection()
+                .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
+                .await?;
+            let released = txn.execute(statement).await?.rows_affected();
+            txn.commit().await?;
+            return Ok(released);
+        }
         self.execute_on_indexes(statement).await
     }
 

@@ -12,13 +12,15 @@
 //!
 //! The server (or the kernel) drops the lock the moment the holder's connection or process
 //! ends, so a process started after a crash takes it at once. A process that finds it held
-//! is refused with [`StoreError::NodeTaken`], naming what is known of the holder.
+//! is refused with [`Error::NodeTaken`], naming what is known of the holder. Any other
+//! failure keeps the driver's error, so that a caller can tell one a retry fixes (a lost
+//! connection, a server starting up) from one it does not.
 
 use crate::dialect::Dialect;
+use crate::error::Error;
 use crate::sql::TableName;
-use outbox_core::StoreError;
 use sea_orm::sqlx::{self, Connection as _, Row as _};
-use sea_orm::DatabaseConnection;
+use sea_orm::{DatabaseConnection, DbErr, RuntimeErr};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -66,7 +68,7 @@ impl NodeLock {
         session_url: Option<&str>,
         table: &TableName,
         node_id: &str,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, Error> {
         let key = Key::new(table, node_id);
         let (tell, lost) = watch::channel(None);
         let held = match Dialect::of(db) {
@@ -158,8 +160,8 @@ impl Key {
     }
 
     /// The refusal, with what is known of the holder.
-    fn taken(&self, holder: &str) -> StoreError {
-        StoreError::NodeTaken(format!(
+    fn taken(&self, holder: &str) -> Error {
+        Error::NodeTaken(format!(
             "node_id {:?} is in use on table {}: another live process holds it ({holder}); \
              give each process its own relay.node_id (or leave it unset: hostname-pid), or \
              stop the other process first",
@@ -175,20 +177,23 @@ impl Key {
     }
 }
 
-fn database(error: sqlx::Error) -> StoreError {
-    StoreError::Database(error.to_string())
+/// A statement's failure, the driver's error kept.
+fn database(error: sqlx::Error) -> Error {
+    Error::Database(DbErr::Query(RuntimeErr::SqlxError(error)))
+}
+
+/// No connection for the lock, the driver's error kept.
+fn connecting(error: sqlx::Error) -> Error {
+    Error::Database(DbErr::Conn(RuntimeErr::SqlxError(error)))
 }
 
 /// The lock held on a session of its own: taken once by `take` now, then kept ([`keep`]),
 /// taken again by `take` whenever its connection was lost.
-async fn session<C, T, F>(
-    mut take: T,
-    tell: watch::Sender<Option<String>>,
-) -> Result<Held, StoreError>
+async fn session<C, T, F>(mut take: T, tell: watch::Sender<Option<String>>) -> Result<Held, Error>
 where
     C: sqlx::Connection + 'static,
     T: FnMut() -> F + Send + 'static,
-    F: std::future::Future<Output = Result<C, StoreError>> + Send + 'static,
+    F: std::future::Future<Output = Result<C, Error>> + Send + 'static,
 {
     let connection = take().await?;
     Ok(Held::Session(tokio::spawn(keep(connection, take, tell))))
@@ -200,7 +205,7 @@ async fn keep<C, T, F>(connection: C, mut take: T, tell: watch::Sender<Option<St
 where
     C: sqlx::Connection,
     T: FnMut() -> F,
-    F: std::future::Future<Output = Result<C, StoreError>>,
+    F: std::future::Future<Output = Result<C, Error>>,
 {
     let mut connection = Some(connection);
     let mut interval = tokio::time::interval(KEEP_INTERVAL);
@@ -219,7 +224,7 @@ where
                 info!("this node's lock is held again");
                 connection = Some(taken);
             }
-            Err(StoreError::NodeTaken(holder)) => {
+            Err(Error::NodeTaken(holder)) => {
                 error!(%holder, "another process took this node's lock while its connection was lost");
                 let _ = tell.send(Some(holder));
                 return;
@@ -245,7 +250,7 @@ mod postgres {
     }
 
     /// A connection of its own holding the session advisory lock of `key`.
-    pub(super) async fn take(source: &Source, key: &Key) -> Result<PgConnection, StoreError> {
+    pub(super) async fn take(source: &Source, key: &Key) -> Result<PgConnection, Error> {
         let session = match &source.session_url {
             Some(url) => match PgConnection::connect(url).await {
                 Ok(connection) => Some(connection),
@@ -263,7 +268,7 @@ mod postgres {
         };
         let mut connection = match session {
             Some(connection) => connection,
-            None => source.pool.acquire().await.map_err(database)?.detach(),
+            None => source.pool.acquire().await.map_err(connecting)?.detach(),
         };
         // Shown in pg_stat_activity, where a refused process reads who holds the lock.
         let name: String = Key::me().chars().take(63).collect();
@@ -326,8 +331,8 @@ mod mysql {
     const NAME: &str = "CONCAT('outbox-relay/', LEFT(SHA1(CONCAT(DATABASE(), '/', ?)), 40))";
 
     /// A connection of its own holding `GET_LOCK` of `key`.
-    pub(super) async fn take(pool: &MySqlPool, key: &Key) -> Result<MySqlConnection, StoreError> {
-        let mut connection = pool.acquire().await.map_err(database)?.detach();
+    pub(super) async fn take(pool: &MySqlPool, key: &Key) -> Result<MySqlConnection, Error> {
+        let mut connection = pool.acquire().await.map_err(connecting)?.detach();
         let taken: Option<i64> = sqlx::query_scalar(&format!("SELECT GET_LOCK({NAME}, 0)"))
             .bind(key.hash.to_string())
             .fetch_one(&mut connection)
@@ -362,15 +367,13 @@ mod file {
     use std::io::{Read as _, Seek as _, Write as _};
 
     /// `<database>.outbox-relay-<hash>.lock`, locked exclusively; it says who holds it.
-    pub(super) fn take(database: PathBuf, key: &Key) -> Result<std::fs::File, StoreError> {
+    pub(super) fn take(database: PathBuf, key: &Key) -> Result<std::fs::File, Error> {
         let mut path = database.into_os_string();
         path.push(format!(".outbox-relay-{:016x}.lock", key.hash));
         let path = PathBuf::from(path);
-        let cannot = |error: std::io::Error| {
-            StoreError::Database(format!(
-                "cannot open the node lock file {}: {error}",
-                path.display()
-            ))
+        let cannot = |source: std::io::Error| Error::NodeLockFile {
+            path: path.display().to_string(),
+            source,
         };
         let mut file = std::fs::OpenOptions::new()
             .read(true)
@@ -427,7 +430,7 @@ mod tests {
         let key = Key::new(&TableName::parse("outbox").unwrap(), "n1");
         let held = file::take(database.clone(), &key).unwrap();
         let refused = file::take(database.clone(), &key).unwrap_err();
-        let StoreError::NodeTaken(text) = refused else {
+        let Error::NodeTaken(text) = refused else {
             panic!("expected NodeTaken, got {refused:?}");
         };
         assert!(text.contains("\"n1\""), "{text}");

@@ -262,6 +262,7 @@ impl SeaOrmStore {
                     return Err(Error::Unreadable {
                         table: t.clone(),
                         reason: error.to_string(),
+                        cause: error,
                     });
                 }
                 self.reads = reads;
@@ -298,6 +299,16 @@ impl SeaOrmStore {
                 }
             }
         }
+    }
+
+    /// [`OutboxStore::hold_node`] with the driver's error kept: [`Error::NodeTaken`] while
+    /// another live process runs as `node_id` on the table, [`Error::Database`] when the
+    /// database failed the lock's statements (a retry may fix that).
+    pub async fn take_node(&self, node_id: &str) -> Result<NodeHold, Error> {
+        let session_url = self.session_url.as_deref();
+        let lock = crate::NodeLock::take(&self.db, session_url, &self.table, node_id).await?;
+        let lost = Box::pin(lock.lost());
+        Ok(NodeHold::new(Box::new(lock), lost))
     }
 
     /// How statements read the mapped columns.
@@ -417,10 +428,7 @@ impl OutboxStore for SeaOrmStore {
     }
 
     async fn hold_node(&self, node_id: &str) -> Result<NodeHold, StoreError> {
-        let session_url = self.session_url.as_deref();
-        let lock = crate::NodeLock::take(&self.db, session_url, &self.table, node_id).await?;
-        let lost = Box::pin(lock.lost());
-        Ok(NodeHold::new(Box::new(lock), lost))
+        Ok(self.take_node(node_id).await?)
     }
 
     async fn release_node(&self, node_id: &str) -> Result<u64, StoreError> {

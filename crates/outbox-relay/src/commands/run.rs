@@ -118,9 +118,10 @@ impl std::fmt::Display for ForcedStop {
 
 impl std::error::Error for ForcedStop {}
 
-/// Opens every outbox's database (migrating it when `database.migrate_on_start`), then the
-/// broker, each waited for while it is unreachable, within `relay.startup_timeout`
-/// altogether (`docs/operations/starting.md`).
+/// Opens every outbox's database (migrating it when `database.migrate_on_start`), takes
+/// the node on each table, then opens the broker, each step tried again while it fails in
+/// a way a retry can fix (unreachable, a deadlock, a lock not had in time), within
+/// `relay.startup_timeout` altogether (`docs/operations/starting.md`).
 async fn open_dependencies(
     config: &Config,
     endpoint: Option<&Endpoint>,
@@ -142,8 +143,16 @@ async fn open_dependencies(
     }
     .until_up(|| open_outboxes(config, config.database.migrate_on_start))
     .await?;
-    // Before waiting for the broker: a second process with this node_id is refused at once.
-    let nodes = hold_nodes(config, &outboxes).await?;
+    // Before waiting for the broker: a second process with this node_id is refused at once;
+    // a lock statement the database failed (a lost connection) is tried again.
+    let nodes = Wait {
+        dependency: Dependency::Database,
+        url: &urls,
+        backoff: outbox_pipeline::fetcher::CLAIM_BACKOFF,
+        patience,
+    }
+    .until_up(|| hold_nodes(config, &outboxes))
+    .await?;
     waiting(Some(Dependency::Broker));
     let brokers = config.amqp.redacted_urls();
     let broker = Wait {

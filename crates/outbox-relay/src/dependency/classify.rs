@@ -5,7 +5,10 @@
 //! - **Transient**: the peer is not there yet or not ready: refused, reset, timed out, a
 //!   name that does not resolve yet, PostgreSQL starting up, shutting down or in recovery,
 //!   too many connections, a read-only (failing over) server, a SQLite file whose
-//!   directory is missing or that is locked, RabbitMQ closing the connection while it stops.
+//!   directory is missing, RabbitMQ closing the connection while it stops; or a statement
+//!   lost to another transaction: a deadlock, a serialization failure, a lock not had in
+//!   time (PostgreSQL's `lock_timeout` and `statement_timeout`, MySQL/MariaDB's
+//!   `innodb_lock_wait_timeout`, SQLite's busy timeout), a statement killed.
 //! - **Refused**: the peer answered and the settings are wrong: authentication, an unknown
 //!   database or vhost, a rejected certificate, an exchange of another type, a column
 //!   mapping that does not fit ([`ConfigProblem`]). Exit code 2, like a bad setting.
@@ -66,13 +69,21 @@ fn cause(cause: &(dyn StdError + 'static)) -> Option<Verdict> {
     cause.downcast_ref::<io::Error>().map(io_error)
 }
 
-fn store_error(error: &outbox_store::Error) -> Verdict {
+/// The verdict on an error of outbox-store's own calls.
+pub fn store_error(error: &outbox_store::Error) -> Verdict {
     match error {
         outbox_store::Error::Database(error)
         | outbox_store::Error::Connect { cause: error, .. } => db_err(error),
+        // A statement that reads the mapped columns failed: the mapping's fault, unless
+        // the failure is one a retry fixes (a lock not had in time, a lost connection).
+        outbox_store::Error::Unreadable { cause, .. } => match db_err(cause) {
+            transient @ Verdict::Transient(_) => transient,
+            _ => Verdict::Refused,
+        },
         outbox_store::Error::InvalidUrl
         | outbox_store::Error::Mapping { .. }
-        | outbox_store::Error::Unreadable { .. } => Verdict::Refused,
+        | outbox_store::Error::ExtraColumns { .. }
+        | outbox_store::Error::NodeTaken(_) => Verdict::Refused,
         // Another node is migrating the table right now.
         error @ outbox_store::Error::MigrationLockTimeout { .. } => {
             Verdict::Transient(error.to_string())
@@ -84,6 +95,9 @@ fn store_error(error: &outbox_store::Error) -> Verdict {
 fn db_err(error: &DbErr) -> Verdict {
     match error {
         DbErr::ConnectionAcquire(ConnAcquireErr::Timeout) => pool_timed_out(),
+        DbErr::ConnectionAcquire(ConnAcquireErr::ConnectionClosed) => {
+            Verdict::Transient("the connection was closed".into())
+        }
         DbErr::Conn(RuntimeErr::SqlxError(error))
         | DbErr::Exec(RuntimeErr::SqlxError(error))
         | DbErr::Query(RuntimeErr::SqlxError(error)) => sqlx_error(error),
@@ -162,8 +176,9 @@ fn postgres(sqlstate: &str) -> Verdict {
         | (_, "57P01" | "57P02" | "57P03")
         // read_only_sql_transaction: a standby not promoted yet.
         | (_, "25006")
-        // serialization_failure, deadlock_detected, lock_not_available.
-        | (_, "40001" | "40P01" | "55P03") => Verdict::Transient(sqlstate.into()),
+        // serialization_failure, deadlock_detected, lock_not_available (lock_timeout,
+        // NOWAIT), query_canceled (statement_timeout, a cancelled statement).
+        | (_, "40001" | "40P01" | "55P03" | "57014") => Verdict::Transient(sqlstate.into()),
         // invalid_authorization_specification, invalid_password; invalid_catalog_name (no
         // such database); insufficient_privilege.
         ("28", _) | (_, "3D000" | "42501") => Verdict::Refused,
@@ -175,8 +190,10 @@ fn postgres(sqlstate: &str) -> Verdict {
 fn mysql(number: u16) -> Verdict {
     match number {
         // too many connections, server shutdown in progress, lock wait timeout, deadlock,
-        // --read-only (1290, 1792, 1836: a replica not promoted yet), connection killed.
-        1040 | 1053 | 1205 | 1213 | 1290 | 1792 | 1836 | 1927 => {
+        // --read-only (1290, 1792, 1836: a replica not promoted yet), connection killed;
+        // a statement interrupted (KILL QUERY), over MariaDB's max_statement_time or
+        // MySQL's max_execution_time; a lock not had at once (NOWAIT).
+        1040 | 1053 | 1205 | 1213 | 1290 | 1792 | 1836 | 1927 | 1317 | 1969 | 3024 | 3572 => {
             Verdict::Transient(number.to_string())
         }
         // access denied (to the database, for the user, with or without a password),
@@ -417,6 +434,128 @@ mod tests {
             .into(),
         });
         assert_eq!(classify(&declare), Verdict::Refused);
+    }
+
+    #[test]
+    fn postgres_deadlocks_serialization_failures_and_lock_or_statement_timeouts_are_retried() {
+        // serialization_failure, deadlock_detected, lock_not_available (lock_timeout),
+        // query_canceled (statement_timeout), connection_failure, admin_shutdown.
+        for sqlstate in [
+            "40001", "40P01", "55P03", "57014", "08006", "08003", "57P01",
+        ] {
+            assert_eq!(transient(postgres(sqlstate)), sqlstate);
+        }
+        // unique_violation, syntax_error, undefined_column: a retry changes nothing.
+        for sqlstate in ["23505", "42601", "42703"] {
+            assert_eq!(postgres(sqlstate), Verdict::Fatal, "{sqlstate}");
+        }
+    }
+
+    #[test]
+    fn mysql_deadlocks_lock_wait_timeouts_and_interrupted_statements_are_retried() {
+        // deadlock (SQLSTATE 40001), lock wait timeout, interrupted (KILL QUERY), MariaDB's
+        // max_statement_time, MySQL's max_execution_time, NOWAIT, connection killed.
+        for number in [1213, 1205, 1317, 1969, 3024, 3572, 1927] {
+            assert_eq!(transient(mysql(number)), number.to_string());
+        }
+        // duplicate entry, syntax error, unknown column.
+        for number in [1062, 1064, 1054] {
+            assert_eq!(mysql(number), Verdict::Fatal, "{number}");
+        }
+    }
+
+    #[test]
+    fn sqlite_busy_and_locked_are_retried_with_their_extended_codes() {
+        // SQLITE_BUSY, SQLITE_BUSY_RECOVERY, SQLITE_BUSY_SNAPSHOT, SQLITE_BUSY_TIMEOUT,
+        // SQLITE_LOCKED, SQLITE_LOCKED_SHAREDCACHE.
+        for code in [5, 261, 517, 773, 6, 262] {
+            assert_eq!(transient(sqlite(code)), code.to_string());
+        }
+        // SQLITE_CONSTRAINT_UNIQUE, SQLITE_READONLY: not a lock.
+        for code in [2067, 8] {
+            assert_eq!(sqlite(code), Verdict::Fatal, "{code}");
+        }
+    }
+
+    /// A real SQLITE_BUSY from sqlx: a write while another connection holds the database
+    /// in an exclusive transaction, with no busy timeout to wait it out.
+    #[actix_rt::test]
+    async fn a_busy_sqlite_database_as_sqlx_reports_it_is_retried() {
+        use sea_orm::sqlx::sqlite::SqliteConnectOptions;
+        use sea_orm::sqlx::{ConnectOptions as _, Executor as _};
+        let dir = std::env::temp_dir().join(format!("classify-busy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let options = SqliteConnectOptions::new()
+            .filename(dir.join("busy.db"))
+            .create_if_missing(true)
+            .busy_timeout(std::time::Duration::ZERO);
+        let mut holder = options.connect().await.unwrap();
+        let mut writer = options.connect().await.unwrap();
+        holder
+            .execute("CREATE TABLE IF NOT EXISTS t (id INTEGER)")
+            .await
+            .unwrap();
+        holder.execute("BEGIN EXCLUSIVE").await.unwrap();
+        let busy = writer
+            .execute("INSERT INTO t (id) VALUES (1)")
+            .await
+            .unwrap_err();
+        let error = anyhow::Error::new(outbox_store::Error::Database(DbErr::Exec(
+            RuntimeErr::SqlxError(busy),
+        )))
+        .context("outbox room_outbox");
+        let reason = transient(classify(&error));
+        assert!(reason.contains("(5)"), "{reason}");
+        holder.execute("ROLLBACK").await.unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_lost_connection_mid_statement_is_retried() {
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            let error = anyhow::Error::new(outbox_store::Error::Database(DbErr::Query(
+                RuntimeErr::SqlxError(sqlx::Error::Io(io(kind))),
+            )));
+            transient(classify(&error));
+        }
+        let closed = anyhow::Error::new(outbox_store::Error::Database(DbErr::ConnectionAcquire(
+            ConnAcquireErr::ConnectionClosed,
+        )));
+        transient(classify(&closed));
+    }
+
+    #[test]
+    fn the_node_lock_taken_is_refused_and_its_lost_connection_retried() {
+        let taken = anyhow::Error::new(outbox_store::Error::NodeTaken(
+            "node_id \"n1\" is in use on table outbox".into(),
+        ));
+        assert_eq!(classify(&taken), Verdict::Refused);
+        let reset = anyhow::Error::new(outbox_store::Error::Database(DbErr::Conn(
+            RuntimeErr::SqlxError(sqlx::Error::Io(io(io::ErrorKind::ConnectionReset))),
+        )))
+        .context("outbox orders: cannot take the lock of node_id \"n1\"");
+        transient(classify(&reset));
+    }
+
+    #[test]
+    fn columns_that_cannot_be_read_are_refused_unless_a_retry_can_fix_the_read() {
+        let table = outbox_store::TableName::parse("room_outbox").unwrap();
+        let unreadable = |cause: DbErr| outbox_store::Error::Unreadable {
+            table: table.clone(),
+            reason: cause.to_string(),
+            cause,
+        };
+        let syntax = unreadable(DbErr::Custom("syntax error at or near \"key\"".into()));
+        assert_eq!(store_error(&syntax), Verdict::Refused);
+        let reset = unreadable(DbErr::Query(RuntimeErr::SqlxError(sqlx::Error::Io(io(
+            io::ErrorKind::ConnectionReset,
+        )))));
+        transient(store_error(&reset));
     }
 
     #[test]
