@@ -3,15 +3,16 @@
 //!
 //! The alarm is the real one: `rabbitmqctl set_vm_memory_high_watermark absolute 1`,
 //! restored to the value read before (even when the test fails). Where `rabbitmqctl`
-//! cannot reach the test broker the test says it is skipped and how to enable it, and
-//! returns; where `CI` is set such a skip fails the test.
+//! (`OUTBOX_TEST_RABBITMQCTL`, by default the one on the PATH) cannot reach the test broker
+//! the test says it is skipped and how to enable it, and returns; where `CI` is set such a
+//! skip fails the test.
 
+use outbox_tests::services::rabbitmqctl_command;
 use outbox_tests::OutputInTime as _;
 use outbox_tests::{
     eventually, http_get as get, room_events, seed, Backend, RelayProcess, TestApp,
 };
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// How long the first alarm lasts: the issue's measurement.
@@ -31,7 +32,7 @@ impl Watermark {
                 return Err(format!("the test broker ({url}) is not the local node"));
             }
         }
-        let output = Command::new("rabbitmqctl")
+        let output = rabbitmqctl_command()
             .args(["eval", "vm_memory_monitor:get_vm_memory_high_watermark()."])
             .output_in_time()
             .map_err(|error| format!("rabbitmqctl does not run: {error}"))?;
@@ -54,7 +55,8 @@ impl Watermark {
                 assert!(
                     bytes > 64 * 1024 * 1024,
                     "the broker's memory watermark is {bytes} bytes: an earlier alarm test was \
-                     not restored; run `rabbitmqctl set_vm_memory_high_watermark 0.4`"
+                     not restored; run `rabbitmqctl set_vm_memory_high_watermark 0.4` (0.6 on \
+                     RabbitMQ 4, its default)"
                 );
                 vec!["absolute".to_owned(), bytes.to_string()]
             }
@@ -97,7 +99,7 @@ impl Drop for MemoryAlarm<'_> {
 }
 
 fn set_watermark(args: &[&str]) -> Result<(), String> {
-    let output = Command::new("rabbitmqctl")
+    let output = rabbitmqctl_command()
         .arg("set_vm_memory_high_watermark")
         .args(args)
         .output_in_time()

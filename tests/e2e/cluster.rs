@@ -176,14 +176,14 @@ impl BrokerUser {
 
 impl Drop for BrokerUser {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("rabbitmqctl")
+        let _ = outbox_tests::services::rabbitmqctl_command()
             .args(["delete_user", &self.name])
             .output_in_time();
     }
 }
 
 fn rabbitmqctl(args: &[&str]) {
-    let output = std::process::Command::new("rabbitmqctl")
+    let output = outbox_tests::services::rabbitmqctl_command()
         .args(args)
         .output_in_time()
         .expect("rabbitmqctl runs");

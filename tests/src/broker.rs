@@ -302,7 +302,7 @@ impl Drop for TestBroker {
 }
 
 /// A RabbitMQ user of its own on `/`, deleted on drop: for what the broker's permissions
-/// allow a relay (`rabbitmqctl`, which the machine's broker answers).
+/// allow a relay (set with [`rabbitmqctl`]).
 pub struct BrokerUser {
     /// Its name.
     pub name: String,
@@ -356,11 +356,12 @@ impl Drop for BrokerUser {
     }
 }
 
-/// Runs `rabbitmqctl` with `args`; its standard output. Fails the test, with its output,
-/// when it fails.
+/// Runs `rabbitmqctl` with `args` on the test broker
+/// ([`crate::services::rabbitmqctl_command`]); its standard output. Fails the test, with
+/// its output, when it fails.
 pub fn rabbitmqctl(args: &[&str]) -> String {
     use crate::OutputInTime as _;
-    std::process::Command::new("rabbitmqctl")
+    crate::services::rabbitmqctl_command()
         .args(args)
-        .succeeds("RabbitMQ's tools on the PATH")
+        .succeeds("RabbitMQ's tools on the PATH, or OUTBOX_TEST_RABBITMQCTL")
 }

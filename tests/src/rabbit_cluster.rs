@@ -2,10 +2,14 @@
 //! with its own node name, AMQP and distribution ports, data and log directories, run as
 //! the `rabbitmq` user (whose Erlang cookie they share), clustered with `join_cluster`,
 //! and stopped and deleted when dropped, also when the test fails. The machine's own
-//! broker is not touched. Its own settings file (the machine's pins the listener to 5672)
-//! lets `guest` in from loopback only, as RabbitMQ's default does, handles partitions by
-//! `pause_minority`, and counts a silent peer as gone after 18 to 30 s (`net_ticktime`
-//! 24 s, against 45 to 75 s by default), so that a partition completes within a test.
+//! broker is not touched. Where `OUTBOX_TEST_RABBITMQ_SERVER` names another
+//! `rabbitmq-server` (`scripts/rabbitmq4 server`, RabbitMQ 4), the nodes are started with
+//! it, as the caller, and `OUTBOX_TEST_RABBITMQCTL` is the `rabbitmqctl` that reaches them
+//! (`services::rabbitmq_server_command`). Its own settings file (the machine's pins the
+//! listener to 5672) lets `guest` in from loopback only, as RabbitMQ's default does,
+//! handles partitions by `pause_minority`, and counts a silent peer as gone after 18 to
+//! 30 s (`net_ticktime` 24 s, against 45 to 75 s by default), so that a partition
+//! completes within a test.
 //!
 //! A partition ([`RabbitCluster::partition`]) drops one node's distribution traffic on the
 //! loopback interface with `tc` (root, `CAP_NET_ADMIN`): each node connects to the others
@@ -56,7 +60,7 @@ fn free_port() -> u16 {
 
 /// Runs `rabbitmqctl -n node args`; its stdout, or the failure's output.
 pub fn rabbitmqctl_on(node: &str, args: &[&str]) -> Result<String, String> {
-    let output = Command::new("rabbitmqctl")
+    let output = crate::services::rabbitmqctl_command()
         .args(["-n", node])
         .args(args)
         .output_in_time()
@@ -104,28 +108,52 @@ impl RabbitNode {
         )
         .expect("node settings");
         std::fs::write(self.dir.join("enabled_plugins"), "").expect("no plugins");
-        let chown = Command::new("chown")
-            .args(["-R", "rabbitmq:rabbitmq"])
-            .arg(&self.dir)
-            .output_in_time()
-            .expect("chown runs");
-        assert!(chown.status.success(), "chown: {}", stderr(&chown));
         let dir = self.dir.display();
-        let output = Command::new("runuser")
-            .args(["-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq"])
-            .arg(format!("RABBITMQ_NODENAME={}", self.name))
-            .arg(format!("RABBITMQ_CONFIG_FILE={dir}/rabbitmq"))
-            .arg(format!(
-                "RABBITMQ_ENABLED_PLUGINS_FILE={dir}/enabled_plugins"
-            ))
-            .arg(format!("RABBITMQ_MNESIA_BASE={dir}/mnesia"))
-            .arg(format!("RABBITMQ_LOG_BASE={dir}/log"))
-            .arg(format!("RABBITMQ_DIST_PORT={}", self.dist_port))
-            .arg(format!(
-                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_connect_options [{{ip,{{{}}}}}]",
-                self.dist_from.octets().map(|octet| octet.to_string()).join(",")
-            ))
-            .args(["rabbitmq-server", "-detached"])
+        let variables = [
+            ("RABBITMQ_NODENAME", self.name.clone()),
+            ("RABBITMQ_CONFIG_FILE", format!("{dir}/rabbitmq")),
+            (
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                format!("{dir}/enabled_plugins"),
+            ),
+            ("RABBITMQ_MNESIA_BASE", format!("{dir}/mnesia")),
+            ("RABBITMQ_LOG_BASE", format!("{dir}/log")),
+            ("RABBITMQ_DIST_PORT", self.dist_port.to_string()),
+            (
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
+                format!(
+                    "-kernel inet_dist_connect_options [{{ip,{{{}}}}}]",
+                    self.dist_from
+                        .octets()
+                        .map(|octet| octet.to_string())
+                        .join(",")
+                ),
+            ),
+        ];
+        let mut server = match crate::services::rabbitmq_server_command() {
+            Some(mut server) => {
+                server.envs(variables);
+                server
+            }
+            None => {
+                // The machine's broker runs as `rabbitmq`, whose cookie the machine's
+                // `rabbitmqctl` uses: so do these nodes.
+                let chown = Command::new("chown")
+                    .args(["-R", "rabbitmq:rabbitmq"])
+                    .arg(&self.dir)
+                    .output_in_time()
+                    .expect("chown runs");
+                assert!(chown.status.success(), "chown: {}", stderr(&chown));
+                let mut server = Command::new("runuser");
+                server
+                    .args(["-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq"])
+                    .args(variables.map(|(name, value)| format!("{name}={value}")))
+                    .arg("rabbitmq-server");
+                server
+            }
+        };
+        let output = server
+            .arg("-detached")
             .output_in_time()
             .expect("rabbitmq-server runs (RabbitMQ's package installed, run as root)");
         assert!(

@@ -54,6 +54,39 @@ pub fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
+/// A command named by the environment variable `variable` (a program and its first
+/// arguments, split at whitespace), or `default` where it is unset or empty.
+fn command_from_env(variable: &str, default: &str) -> std::process::Command {
+    let named = std::env::var(variable).unwrap_or_default();
+    let mut words = named.split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut command = std::process::Command::new(program);
+            command.args(words);
+            command
+        }
+        None => std::process::Command::new(default),
+    }
+}
+
+/// `rabbitmqctl` for the test broker, arguments to follow: `OUTBOX_TEST_RABBITMQCTL`
+/// (`scripts/rabbitmq4 ctl` for the RabbitMQ 4 node of `scripts/rabbitmq4`), by default
+/// the `rabbitmqctl` on the PATH, which the machine's broker answers. Users, permissions
+/// and alarms must be set on the broker the tests publish to.
+pub fn rabbitmqctl_command() -> std::process::Command {
+    command_from_env("OUTBOX_TEST_RABBITMQCTL", "rabbitmqctl")
+}
+
+/// `rabbitmq-server` for the nodes a test starts of its own ([`crate::rabbit_cluster`]),
+/// arguments and `RABBITMQ_*` variables to follow: `OUTBOX_TEST_RABBITMQ_SERVER`
+/// (`scripts/rabbitmq4 server`), run as is; `None` where it is unset, for the machine's
+/// own. Its nodes must share the Erlang cookie of [`rabbitmqctl_command`].
+pub fn rabbitmq_server_command() -> Option<std::process::Command> {
+    std::env::var("OUTBOX_TEST_RABBITMQ_SERVER")
+        .is_ok_and(|named| !named.trim().is_empty())
+        .then(|| command_from_env("OUTBOX_TEST_RABBITMQ_SERVER", "rabbitmq-server"))
+}
+
 /// The address of the server `url` names (its host resolved, its port or the scheme's).
 pub fn server_of(url: &str) -> SocketAddr {
     let parsed = url::Url::parse(url).unwrap_or_else(|error| panic!("{url}: {error}"));

@@ -1,7 +1,8 @@
 //! `rabbit-cluster`: a three-node RabbitMQ cluster of its own on this machine, beside its
 //! broker (`outbox_tests::rabbit_cluster`), for running `outbox-bench` against a quorum
 //! queue (BENCHMARKS.md, "A quorum queue on a cluster"). Run it as root: the nodes run as
-//! the `rabbitmq` user.
+//! the `rabbitmq` user. With `OUTBOX_TEST_RABBITMQ_SERVER` and `OUTBOX_TEST_RABBITMQCTL`
+//! set as `scripts/test` sets them, its nodes are RabbitMQ 4 (`scripts/rabbitmq4`).
 //!
 //! ```sh
 //! cargo run -p outbox-tests --bin rabbit-cluster     # prints OUTBOX_BENCH_AMQP_URL=…
