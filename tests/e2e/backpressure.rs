@@ -279,7 +279,7 @@ impl BrokerLimit {
 impl Drop for BrokerLimit {
     fn drop(&mut self) {
         if let Some(restore) = &self.restore {
-            let put_back = std::process::Command::new("rabbitmqctl")
+            let put_back = outbox_tests::services::rabbitmqctl_command()
                 .args(["eval", restore])
                 .output();
             if !put_back.is_ok_and(|output| output.status.success()) {

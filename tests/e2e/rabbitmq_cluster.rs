@@ -322,6 +322,24 @@ fn kill_9(cluster: &RabbitCluster, target: &Target) -> Struck {
     Struck { node, led, at }
 }
 
+/// `kill -9` of the relay's node while it leads the quorum queue (the leadership moved
+/// there first), kept down 20 s: the other two elect a leader, and publishing goes on
+/// through them without waiting for the killed node's return.
+fn kill_9_the_leader_kept_down(cluster: &RabbitCluster, target: &Target) -> Struck {
+    let node = target.relays_node(cluster);
+    cluster.lead(&target.queue, node);
+    let at = chrono::Utc::now();
+    cluster.kill(node);
+    // The fault itself: the node stays down this long.
+    std::thread::sleep(Duration::from_secs(20));
+    cluster.restart(node);
+    Struck {
+        node,
+        led: true,
+        at,
+    }
+}
+
 /// A graceful stop of the node leading the quorum queue, then started again.
 fn stop_the_leader(cluster: &RabbitCluster, target: &Target) -> Struck {
     let leader = target.leader(cluster, target.relays_node(cluster));
@@ -410,13 +428,22 @@ struct Case {
     strands_publishes: bool,
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 6] = [
     Case {
         name: "kill-9",
         fault: kill_9,
         pauses_at_most: Duration::from_secs(5),
         pauses_at_most_if_it_led: Duration::from_secs(5),
         strands_publishes: false,
+    },
+    // The relay reconnects to another node at once, before the election: nacks until a
+    // new channel knows the new leader (docs/design/broker.md#nacks).
+    Case {
+        name: "kill-9-leader-kept-down",
+        fault: kill_9_the_leader_kept_down,
+        pauses_at_most: Duration::from_secs(5),
+        pauses_at_most_if_it_led: Duration::from_secs(5),
+        strands_publishes: true,
     },
     Case {
         name: "leader-stop",

@@ -275,6 +275,30 @@ impl RabbitCluster {
         node.signal(node.pid_from_file().expect("the node's pid file"), "CONT");
     }
 
+    /// Moves the leadership of quorum queue `queue` (vhost `/`) to node `index`, as
+    /// RabbitMQ's own maintenance mode moves it off a node, and waits until it leads.
+    pub fn lead(&self, queue: &str, index: usize) {
+        let node = &self.nodes[index];
+        let moved = rabbitmqctl_on(
+            &node.name,
+            &[
+                "eval",
+                &format!(
+                    "{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<\"/\">>, queue, \
+                     <<\"{queue}\">>)), rabbit_quorum_queue:transfer_leadership(Q, node())."
+                ),
+            ],
+        );
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.leader(queue, index) != Some(index) {
+            assert!(
+                std::time::Instant::now() < until,
+                "node {index} does not lead {queue} 30 s after the transfer ({moved:?})"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// The index of the node that leads quorum queue `queue`, asked of node `asked`.
     pub fn leader(&self, queue: &str, asked: usize) -> Option<usize> {
         let listing = rabbitmqctl_on(

@@ -72,6 +72,16 @@ impl AmqpPublisher {
     /// The open channel and its confirms, or a new one.
     async fn channel(&self) -> Result<Arc<Open>, PublishError> {
         let mut slot = self.channel.lock().await;
+        // Nacks in a row: a new channel, the old one closed once its publishes settle.
+        if self.pacing.take_stale() {
+            if let Some(old) = slot.take() {
+                retire(
+                    old,
+                    self.link.settings().publish_timeout,
+                    self.link.close_timeout(),
+                );
+            }
+        }
         if let Some(open) = slot.as_ref().filter(|open| {
             open.channel.status().connected() && open.generation == self.link.generation()
         }) {
@@ -86,6 +96,21 @@ impl AmqpPublisher {
         *slot = Some(Arc::clone(&open));
         Ok(open)
     }
+}
+
+/// Closes a channel replaced after nacks in a row once the publishes in flight on it have
+/// their confirms (at most `settle`), so that none of them is failed by the close.
+fn retire(old: Arc<Open>, settle: std::time::Duration, close_timeout: std::time::Duration) {
+    tokio::spawn(async move {
+        let until = tokio::time::Instant::now() + settle;
+        while Arc::strong_count(&old) > 1 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let closing = old
+            .channel
+            .close(200, "replaced after nacks in a row".into());
+        let _ = tokio::time::timeout(close_timeout, closing).await;
+    });
 }
 
 /// A publish's `publish_timeout`, running only while the broker does not block publishers.
