@@ -5,6 +5,7 @@
 //! by default the local ones; a missing service fails the test saying how to start it.
 
 pub mod app;
+pub mod bare_publisher;
 pub mod broker;
 pub mod database;
 pub mod events;

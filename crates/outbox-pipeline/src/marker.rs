@@ -747,50 +747,33 @@ mod tests {
     }
 
     #[actix_rt::test]
-    async fn an_outage_never_turns_an_event_dead_nor_costs_it_an_attempt() {
-        let store = Arc::new(FakeStore::default());
-        let (fetcher, _marked) = Collector::<Marked>::start();
-        let marker = Marker::new(store.clone(), fetcher.recipient(), options(2, 3)).start();
-        marker.do_send(timed_out(1, 0));
-        marker.do_send(timed_out(2, 7));
-        eventually("a committed batch", DEADLINE, || {
-            !store.committed().is_empty()
-        })
-        .await;
-        let batch = &store.committed()[0];
-        assert!(
-            batch.dead.is_empty() && batch.retried.is_empty(),
-            "{batch:?}"
-        );
-        assert_eq!(
-            batch.deferred.iter().map(|(f, _)| f.id).collect::<Vec<_>>(),
-            vec![1, 2],
-            "deferred, attempts kept"
-        );
-    }
-
-    #[actix_rt::test]
-    async fn a_nack_never_turns_an_event_dead_nor_costs_it_an_attempt() {
-        let store = Arc::new(FakeStore::default());
-        let (fetcher, _marked) = Collector::<Marked>::start();
-        let marker = Marker::new(store.clone(), fetcher.recipient(), options(2, 3)).start();
-        marker.do_send(nacked(1, 0));
-        marker.do_send(nacked(2, 2));
-        eventually("a committed batch", DEADLINE, || {
-            !store.committed().is_empty()
-        })
-        .await;
-        let batch = &store.committed()[0];
-        assert!(
-            batch.dead.is_empty() && batch.retried.is_empty(),
-            "{batch:?}"
-        );
-        assert_eq!(
-            batch.deferred.iter().map(|(f, _)| f.id).collect::<Vec<_>>(),
-            vec![1, 2],
-            "deferred, attempts kept, even at the last allowed attempt"
-        );
-        assert!(batch.deferred[0].0.error.contains("nacked"), "{batch:?}");
+    async fn an_outage_or_a_nack_never_turns_an_event_dead_nor_costs_it_an_attempt() {
+        for (failure, reason) in [
+            (timed_out as fn(i64, i32) -> Outcome, "no confirm"),
+            (nacked, "nacked"),
+        ] {
+            let store = Arc::new(FakeStore::default());
+            let (fetcher, _marked) = Collector::<Marked>::start();
+            let marker = Marker::new(store.clone(), fetcher.recipient(), options(2, 3)).start();
+            // The second at what would be its last allowed attempt.
+            marker.do_send(failure(1, 0));
+            marker.do_send(failure(2, 2));
+            eventually("a committed batch", DEADLINE, || {
+                !store.committed().is_empty()
+            })
+            .await;
+            let batch = &store.committed()[0];
+            assert!(
+                batch.dead.is_empty() && batch.retried.is_empty(),
+                "{batch:?}"
+            );
+            assert_eq!(
+                batch.deferred.iter().map(|(f, _)| f.id).collect::<Vec<_>>(),
+                vec![1, 2],
+                "deferred, attempts kept"
+            );
+            assert!(batch.deferred[0].0.error.contains(reason), "{batch:?}");
+        }
     }
 
     #[actix_rt::test]
