@@ -290,6 +290,7 @@ impl Handler<Tick> for Fetcher {
         request.floor = self.floor.next(now);
         let store = Arc::clone(&self.store);
         let release_first = self.release_first;
+        let outbox = Arc::clone(&self.outbox);
         AtomicResponse::new(Box::pin(
             async move {
                 let started = std::time::Instant::now();
@@ -298,6 +299,10 @@ impl Handler<Tick> for Fetcher {
                     Some(_) => match store.release_node(&request.node_id).await {
                         Ok(count) => {
                             released = Some(count);
+                            if release_first == Some(Release::EarlierRun) && count > 0 {
+                                let node_id = &request.node_id;
+                                info!(%outbox, released = count, %node_id, "released leases left by an earlier run of this node, which has ended");
+                            }
                             store.claim_with_floor(&request).await
                         }
                         Err(error) => Err(error),
@@ -307,11 +312,7 @@ impl Handler<Tick> for Fetcher {
                 (request.limit, request.floor, claimed, started.elapsed(), released)
             }
             .into_actor(self)
-            .map(move |(limit, asked, claimed, took, released), fetcher, ctx| {
-                if let (Some(Release::EarlierRun), Some(released @ 1..)) = (release_first, released) {
-                    info!(outbox = %fetcher.outbox, released, node_id = %fetcher.request.node_id, "released leases left by an earlier run of this node, which has ended");
-                }
-                match claimed {
+            .map(move |(limit, asked, claimed, took, released), fetcher, ctx| match claimed {
                 Ok(claimed) => {
                     fetcher.release_first = None;
                     if fetcher.retry_at.take().is_some() {
@@ -369,7 +370,6 @@ impl Handler<Tick> for Fetcher {
                     fetcher.floor.forget();
                     fetcher.retry_at = Some(Instant::now() + retry_in);
                     TickReport::default()
-                }
                 }
             }),
         ))
