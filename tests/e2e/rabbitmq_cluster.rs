@@ -411,37 +411,34 @@ fn stop_the_leader(cluster: &RabbitCluster, target: &Target) -> Struck {
     }
 }
 
-/// The relay's node, not leading the queue, hangs for 15 s (suspended): its connections
-/// stay open, nothing answers; the relay moves on to another node.
-fn hang_15s(cluster: &RabbitCluster, target: &Target) -> Struck {
-    let node = target.relays_node_leading(cluster, false);
+/// The relay's node (leading the queue: `leads`) hangs for 15 s (suspended): its
+/// connections stay open, nothing answers. Not leading, the relay moves on to another node,
+/// and the pause counts from the hang. Leading, nobody can publish to the queue meanwhile
+/// (RabbitMQ replaces a leader it cannot reach only once it counts the node as gone, after
+/// more than 15 s), so the pause counts from the node's resumption: how long publishing
+/// takes to go on once the cluster can take messages again.
+fn hang_15s_leading(cluster: &RabbitCluster, target: &Target, leads: bool) -> Struck {
+    let node = target.relays_node_leading(cluster, leads);
     cluster.suspend(node);
-    let at = chrono::Utc::now();
+    let hung = chrono::Utc::now();
     // The fault itself: the node stays hung this long.
     std::thread::sleep(Duration::from_secs(15));
     cluster.resume(node);
     Struck {
         node,
-        led: false,
-        at,
+        led: leads,
+        at: if leads { chrono::Utc::now() } else { hung },
     }
 }
 
-/// The relay's node hangs for 15 s while it leads the queue. Nobody can publish to the
-/// queue meanwhile (RabbitMQ replaces a leader it cannot reach only once it counts the
-/// node as gone, after more than 15 s), so the pause is counted from the node's resumption:
-/// how long publishing takes to go on once the cluster can take messages again.
+/// [`hang_15s_leading`] of the relay's node, another leading the queue.
+fn hang_15s(cluster: &RabbitCluster, target: &Target) -> Struck {
+    hang_15s_leading(cluster, target, false)
+}
+
+/// [`hang_15s_leading`] of the relay's node leading the queue.
 fn hang_the_leader_15s(cluster: &RabbitCluster, target: &Target) -> Struck {
-    let node = target.relays_node_leading(cluster, true);
-    cluster.suspend(node);
-    // The fault itself: the node stays hung this long.
-    std::thread::sleep(Duration::from_secs(15));
-    cluster.resume(node);
-    Struck {
-        node,
-        led: true,
-        at: chrono::Utc::now(),
-    }
+    hang_15s_leading(cluster, target, true)
 }
 
 /// The relay's node (leading the queue: `leads`) cut off from the other two: its
@@ -550,13 +547,14 @@ const CASES: [Case; 9] = [
         strands_publishes: true,
         duplicate_rounds: 1,
     },
-    // Counted from the node's resumption (see `hang_the_leader_15s`).
+    // Counted from the node's resumption (see `hang_15s_leading`).
     Case {
         name: "hang-the-leader-15s",
         fault: hang_the_leader_15s,
         pauses_at_most: Duration::from_secs(5),
         strands_publishes: false,
-        duplicate_rounds: 3,
+        // Up to five rounds of 200 in 15 s: 963 duplicates measured.
+        duplicate_rounds: 4,
     },
     Case {
         name: "partition",
