@@ -28,7 +28,7 @@ Exit codes:
 
 Example:
   OUTBOX_RELAY__DATABASE__PASSWORD_FILE=/run/secrets/db-password \\
-    outbox-relay --config /etc/outbox-relay/production.toml run";
+    outbox-relay --config /etc/outbox-relay/config.toml run";
 
 /// outbox-relay publishes the rows of a transactional outbox table to RabbitMQ, in order
 /// per room, at least once, and records each outcome.
