@@ -80,9 +80,28 @@ fn slug(heading: &str) -> String {
         .collect()
 }
 
+/// A Markdown file's text with mdBook's `{{#include path}}` lines replaced by the files
+/// they name, as the book shows it (`docs/benchmarks.md` is BENCHMARKS.md).
+fn included(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            match line
+                .trim()
+                .strip_prefix("{{#include ")
+                .and_then(|rest| rest.strip_suffix("}}"))
+            {
+                Some(name) => included(&path.parent().expect("a file's folder").join(name.trim())),
+                None => line.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Every anchor of a Markdown file.
 fn anchors(path: &Path) -> BTreeSet<String> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = included(path);
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut anchors = BTreeSet::new();
     let mut fenced = false;

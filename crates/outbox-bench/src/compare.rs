@@ -1,8 +1,8 @@
 //! `compare`: one scenario run by two builds of `outbox-bench`, interleaved (A B, B A, A B,
 //! …, so that the machine's drift hits both), each run a child process whose JSON line is
 //! read; for every numeric figure both builds' medians, each round's value, their ratio,
-//! and whether the rounds' spread is too large to call the difference (BENCHMARKS.md,
-//! "Comparing two builds").
+//! and whether the rounds' spread is too large to call the difference
+//! (docs/design/tests.md#benchmarks-outbox-bench).
 
 use crate::scenario::{median, round};
 use anyhow::{bail, Context as _};

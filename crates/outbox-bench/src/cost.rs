@@ -249,7 +249,8 @@ impl Cost {
         Some(self.relay_us() + db? + self.broker_us()?)
     }
 
-    /// The JSON fields (BENCHMARKS.md), `null` where not measured.
+    /// The JSON fields (docs/design/tests.md#benchmarks-outbox-bench), `null` where not
+    /// measured.
     pub(crate) fn json(&self) -> serde_json::Map<String, serde_json::Value> {
         let per = |value: Option<f64>, digits| value.map(|v| round(self.per_event(v), digits));
         let counters = self.counters;
