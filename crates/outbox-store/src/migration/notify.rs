@@ -109,8 +109,8 @@ fn on_the_trigger(t: &TableName, body: &str) -> String {
 }
 
 /// PostgreSQL: the insert trigger disabled. Even when it NOTIFYs nobody, an enabled
-/// statement trigger costs every producer's insert some 5–10 % of its commits/s at 4–64
-/// connections (BENCHMARKS.md, "What the relay costs producers"), and a relay that does
+/// statement trigger costs every producer's insert a share of its commits/s
+/// (BENCHMARKS.md#what-the-relay-costs-producers), and a relay that does
 /// not LISTEN needs none: it probes. A trigger disabled already keeps its comment (an
 /// operator's reason), except the adoption's, which says it waits for the adoption to
 /// finish. [`enable_notify`] enables it where a relay LISTENs.
