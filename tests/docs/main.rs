@@ -3,7 +3,8 @@
 //! heading of that file; so does every `docs/…md#…`, `README.md#…` or `BENCHMARKS.md#…`
 //! that a code comment, a configuration file or a test points a reader to. Anchors are
 //! headings as mdBook and the forge spell them: lower-cased, punctuation dropped, spaces as
-//! `-`, a repeated heading numbered `-1`, `-2`.
+//! `-`, a repeated heading numbered `-1`, `-2`. Then the book as mdBook builds it: every
+//! relative link of its HTML holds too (mdbook 0.5.4 on the PATH, as CI installs it).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -282,6 +283,101 @@ fn every_pointer_from_the_code_into_the_docs_holds() {
     assert!(
         problems.is_empty(),
         "pointers into the docs that do not hold:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// Every `.html` file under `dir`.
+fn html_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("the built book is readable") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "html") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// The values of `attribute="…"` in `html`, entities `&amp;` and `&quot;` decoded.
+fn attribute_values<'a>(html: &'a str, attribute: &'a str) -> impl Iterator<Item = String> + 'a {
+    html.split(attribute).skip(1).filter_map(|rest| {
+        let value = &rest[..rest.find('"')?];
+        Some(value.replace("&amp;", "&").replace("&quot;", "\""))
+    })
+}
+
+/// The page a link to `page` shows: `page` itself, or where a redirect page made for
+/// book.toml's `[output.html.redirect]` sends the reader (keeping the fragment).
+fn shown(page: &Path) -> PathBuf {
+    let html = std::fs::read_to_string(page).unwrap_or_default();
+    let redirect = attribute_values(&html, r#"http-equiv="refresh" content="0; URL="#).next();
+    match redirect {
+        Some(to) => page.parent().expect("a page's folder").join(to),
+        None => page.to_path_buf(),
+    }
+}
+
+/// The book as mdBook 0.5.4 builds it (as CI does): every relative `href` of every page
+/// names a file of the book and, with `#id` into another page, an element of that page.
+#[test]
+fn every_link_of_the_built_book_holds() {
+    let book = std::env::temp_dir().join(format!("outbox-relay-book-{}", std::process::id()));
+    let built = std::process::Command::new("mdbook")
+        .arg("build")
+        .arg(root().join("docs"))
+        .arg("--dest-dir")
+        .arg(&book)
+        .output()
+        .unwrap_or_else(|error| {
+            panic!(
+                "mdbook is needed to build the book ({error}): \
+                 cargo install --locked mdbook --version 0.5.4 --no-default-features"
+            )
+        });
+    assert!(
+        built.status.success(),
+        "mdbook build docs failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let mut ids: HashMap<PathBuf, BTreeSet<String>> = HashMap::new();
+    let mut problems = Vec::new();
+    for page in html_files(&book) {
+        let html = std::fs::read_to_string(&page).expect("a readable page");
+        for href in attribute_values(&html, "href=\"") {
+            let external = href.contains("://")
+                || href.starts_with("mailto:")
+                || href.starts_with("javascript:")
+                || href.starts_with('/');
+            let (file, fragment) = href.split_once('#').unwrap_or((&href, ""));
+            if external || file.is_empty() {
+                continue;
+            }
+            let target = page.parent().expect("a page's folder").join(file);
+            let name = page.strip_prefix(&book).unwrap_or(&page).display();
+            if !target.is_file() {
+                problems.push(format!("{name}: {href}: no such file"));
+            } else if !fragment.is_empty() {
+                let target = shown(&target);
+                let known = ids.entry(target.clone()).or_insert_with(|| {
+                    let html = std::fs::read_to_string(&target).unwrap_or_default();
+                    attribute_values(&html, " id=\"").collect()
+                });
+                if !known.contains(fragment) {
+                    problems.push(format!("{name}: {href}: no id {fragment:?} there"));
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&book);
+    assert!(
+        problems.is_empty(),
+        "broken links in the built book:\n{}",
         problems.join("\n")
     );
 }
