@@ -12,10 +12,19 @@
 //! channel opened while a quorum queue's leader was being replaced keeps sending to the
 //! old leader, and its node nacks every publish until that leader's node is back, while a
 //! channel opened after the election publishes at once.
+//!
+//! A publish that timed out leaves the channel *in doubt*: the broker may take its message
+//! late (a hung or cut-off queue leader holds every publish until it answers again), so
+//! each copy sent meanwhile is a duplicate to come. Until a confirm arrives again, new
+//! publishes go out as probes of whether the broker confirms again, one at a time, or one
+//! per [`PROBE_EVERY`] while the last is unanswered, each on a new channel (one opened
+//! before an election may keep sending to the old leader), instead of the whole in-flight
+//! window once more at every round of timeouts (docs/design/broker.md#publish-timeouts).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The pause after a first nack.
@@ -32,12 +41,19 @@ pub(crate) const REPLACE_AFTER: u32 = 3;
 /// takes a second or two, and a channel opened during it may still know the old leader.
 pub(crate) const REPLACE_EVERY: Duration = Duration::from_secs(1);
 
+/// While a channel is in doubt, how often a new probe starts though the last is still
+/// unanswered: how soon after the cluster takes messages again the relay finds out, at the
+/// cost of one copy per probe that the broker takes late.
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(500);
+
 /// One channel's pacing: its nacks in a row and until when new publishes wait.
 #[derive(Debug, Default)]
 pub(crate) struct Pacing {
     state: Mutex<State>,
     /// Set when nacks in a row ask for a new channel; taken by the next publish.
     stale: AtomicBool,
+    /// Told when a probe ends or the channel is no longer in doubt.
+    probes: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -48,13 +64,35 @@ struct State {
     resume_at: Option<Instant>,
     /// When nacks last asked for a new channel.
     replaced_at: Option<Instant>,
+    /// A publish timed out and no confirm came since: publishes go one at a time.
+    in_doubt: bool,
+    /// The latest probe, while it is under way: its number and start.
+    probing: Option<(u64, Instant)>,
+    /// Probes started.
+    probes: u64,
+}
+
+/// The publish that probes a channel in doubt: the next starts once it ends, or
+/// [`PROBE_EVERY`] after it started.
+#[derive(Debug)]
+pub(crate) struct Probe(Arc<Pacing>, u64);
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        if state.probing.is_some_and(|(number, _)| number == self.1) {
+            state.probing = None;
+            drop(state);
+            self.0.probes.notify_waiters();
+        }
+    }
 }
 
 impl Pacing {
     /// The broker nacked a publish at `now`: new publishes pause, longer than after the
     /// nack before.
     pub(crate) fn nacked(&self, now: Instant) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.lock();
         state.nacks = state.nacks.saturating_add(1);
         let pause = FIRST_PAUSE
             .checked_mul(1 << (state.nacks - 1).min(16))
@@ -70,13 +108,37 @@ impl Pacing {
             state.replaced_at = Some(now);
             self.stale.store(true, Ordering::Relaxed);
         }
+        // The broker answers: no longer in doubt.
+        let was_in_doubt = std::mem::take(&mut state.in_doubt);
+        drop(state);
+        if was_in_doubt {
+            self.probes.notify_waiters();
+        }
     }
 
     /// The broker acked a publish: the queue takes messages, publishes start at once.
     pub(crate) fn acked(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        *state = State::default();
+        let mut state = self.lock();
+        let was_in_doubt = state.in_doubt;
+        *state = State {
+            probes: state.probes,
+            ..State::default()
+        };
+        drop(state);
         self.stale.store(false, Ordering::Relaxed);
+        if was_in_doubt {
+            self.probes.notify_waiters();
+        }
+    }
+
+    /// A publish got no confirm within its `publish_timeout`: publishes go one at a time
+    /// until a confirm comes.
+    pub(crate) fn timed_out(&self) {
+        self.lock().in_doubt = true;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether nacks in a row asked for a new channel since the last call.
@@ -86,17 +148,43 @@ impl Pacing {
 
     /// How long a publish starting at `now` waits; `None`: not at all.
     fn pause_at(&self, now: Instant) -> Option<Duration> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = self.lock();
         state
             .resume_at
             .filter(|at| *at > now)
             .map(|at| at.duration_since(now))
     }
 
-    /// Waits until a new publish may start: at once unless nacks came since the last ack.
-    pub(crate) async fn ready(&self) {
+    /// Waits until a new publish may start: at once unless nacks came since the last ack,
+    /// or a publish timed out since the last confirm; then it is a probe, kept until the
+    /// publish ends, and asks for a new channel.
+    pub(crate) async fn ready(self: &Arc<Self>) -> Option<Probe> {
         while let Some(pause) = self.pause_at(Instant::now()) {
             tokio::time::sleep(pause).await;
+        }
+        loop {
+            // Registered before the state is read, so no wake-up falls in between.
+            let told = self.probes.notified();
+            let next_at = {
+                let mut state = self.lock();
+                if !state.in_doubt {
+                    return None;
+                }
+                let now = Instant::now();
+                match state.probing.map(|(_, started)| started + PROBE_EVERY) {
+                    Some(next_at) if next_at > now => next_at,
+                    _ => {
+                        state.probes += 1;
+                        state.probing = Some((state.probes, now));
+                        self.stale.store(true, Ordering::Relaxed);
+                        return Some(Probe(Arc::clone(self), state.probes));
+                    }
+                }
+            };
+            tokio::select! {
+                () = told => {}
+                () = tokio::time::sleep_until(next_at) => {}
+            }
         }
     }
 }
@@ -169,10 +257,57 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_publish_waits_out_the_pause() {
-        let pacing = Pacing::default();
+        let pacing = Arc::new(Pacing::default());
         let start = Instant::now();
         pacing.nacked(start);
-        pacing.ready().await;
+        assert!(pacing.ready().await.is_none(), "no probe: not in doubt");
         assert_eq!(start.elapsed(), FIRST_PAUSE);
+    }
+
+    /// Whether `ready` lets a publish start within a few polls.
+    async fn starts(pacing: &Arc<Pacing>) -> Option<Option<Probe>> {
+        tokio::time::timeout(PROBE_EVERY / 2, pacing.ready())
+            .await
+            .ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_timeout_publishes_go_one_at_a_time_until_a_confirm() {
+        let pacing = Arc::new(Pacing::default());
+        assert!(matches!(starts(&pacing).await, Some(None)), "not in doubt");
+        pacing.timed_out();
+        let probe = starts(&pacing).await.expect("the first starts");
+        assert!(probe.is_some(), "as the probe");
+        assert!(pacing.take_stale(), "on a new channel");
+        assert!(starts(&pacing).await.is_none(), "the next waits for it");
+        let unanswered = starts(&pacing)
+            .await
+            .expect("or not longer than PROBE_EVERY");
+        assert!(unanswered.is_some(), "as the next probe");
+        drop(probe);
+        assert!(
+            starts(&pacing).await.is_none(),
+            "the end of an earlier probe lets none start"
+        );
+        drop(unanswered);
+        let probe = starts(&pacing)
+            .await
+            .expect("the next starts once it ended");
+        assert!(probe.is_some(), "as the probe: still no confirm");
+        pacing.acked();
+        assert!(
+            matches!(starts(&pacing).await, Some(None)),
+            "a confirm: everything starts, with the last probe still under way"
+        );
+        drop(probe);
+        pacing.timed_out();
+        let probe = starts(&pacing).await.expect("a probe again");
+        assert!(starts(&pacing).await.is_none(), "the next waits for it");
+        pacing.nacked(Instant::now());
+        assert!(
+            matches!(starts(&pacing).await, Some(None)),
+            "a nack is an answer too: the queue is there, full or electing"
+        );
+        drop(probe);
     }
 }

@@ -184,8 +184,9 @@ impl EventPublisher for AmqpPublisher {
         // so an outage fails no event and costs none an attempt (outage.rs).
         self.link.reachable().await;
         // Nor at full speed into a broker that nacks (its backpressure): the publish waits
-        // out the channel's pause, before its clock starts too (pacing.rs).
-        self.pacing.ready().await;
+        // out the channel's pause, before its clock starts too; nor many at once into a
+        // broker that let a publish time out and has confirmed nothing since (pacing.rs).
+        let probe = self.pacing.ready().await;
         let generation = self.link.generation();
         let mut clock: Clock = Box::pin(self.link.blocking().clock(timeout));
         within(
@@ -247,6 +248,7 @@ impl EventPublisher for AmqpPublisher {
                 }
                 // Not even handed to the connection in time: it may have stopped answering.
                 if matches!(error, PublishError::Timeout(_)) {
+                    self.pacing.timed_out();
                     self.link.timed_out(generation).await;
                 }
                 span.end(Err(&error));
@@ -300,7 +302,10 @@ impl EventPublisher for AmqpPublisher {
                 )),
             };
             match &outcome {
-                Err(PublishError::Timeout(_)) => link.timed_out(open.generation).await,
+                Err(PublishError::Timeout(_)) => {
+                    pacing.timed_out();
+                    link.timed_out(open.generation).await
+                }
                 Err(PublishError::Nacked { .. }) => {
                     pacing.nacked(tokio::time::Instant::now());
                     link.confirmed(open.generation)
@@ -312,6 +317,8 @@ impl EventPublisher for AmqpPublisher {
                 Err(_) => {}
             }
             span.end(outcome.as_ref().map(|_| ()));
+            // A probe of a channel in doubt ends with its outcome, not before.
+            drop(probe);
             outcome
         }))
     }
