@@ -306,3 +306,187 @@ async fn claims_failing_mid_run_are_retried(backend: Backend) {
     app.teardown().await;
 }
 per_backend!(claims_failing_mid_run_are_retried: postgres, mariadb, sqlite);
+
+/// A transient error the database gives, made on demand: a trigger on the outbox table
+/// fails every UPDATE (the start-up release, claims, marks) with exactly the error a
+/// deadlock, a serialization failure, a lock timeout or a cancelled statement gives, while
+/// the test's switch table holds a row.
+struct Injected {
+    what: &'static str,
+    /// PostgreSQL's SQLSTATE.
+    sqlstate: &'static str,
+    /// MariaDB's error number and SQLSTATE; `None` where it has no such error.
+    mariadb: Option<(u16, &'static str)>,
+}
+
+const INJECTED: [Injected; 4] = [
+    Injected {
+        what: "deadlock",
+        sqlstate: "40P01",
+        mariadb: Some((1213, "40001")),
+    },
+    Injected {
+        what: "serialization failure",
+        sqlstate: "40001",
+        mariadb: None,
+    },
+    Injected {
+        what: "lock timeout",
+        sqlstate: "55P03",
+        mariadb: Some((1205, "HY000")),
+    },
+    Injected {
+        what: "statement cancelled",
+        sqlstate: "57014",
+        mariadb: Some((1317, "70100")),
+    },
+];
+
+/// The statements that install `injected`'s trigger on `t`, switched by `{t}_fault`.
+fn trigger(backend: Backend, t: &str, injected: &Injected) -> Vec<String> {
+    let message = format!("injected {}", injected.what);
+    match backend {
+        Backend::Postgres => vec![
+            format!(
+                "CREATE OR REPLACE FUNCTION {t}_fail() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN IF EXISTS (SELECT 1 FROM {t}_fault) THEN \
+                 RAISE EXCEPTION '{message}' USING ERRCODE = '{}'; END IF; RETURN NULL; END $$",
+                injected.sqlstate
+            ),
+            format!("DROP TRIGGER IF EXISTS {t}_fail ON {t}"),
+            format!(
+                "CREATE TRIGGER {t}_fail BEFORE UPDATE ON {t} \
+                 FOR EACH STATEMENT EXECUTE FUNCTION {t}_fail()"
+            ),
+        ],
+        Backend::MySql => {
+            let (number, sqlstate) = injected.mariadb.expect("MariaDB has this error");
+            vec![
+                format!("DROP TRIGGER IF EXISTS {t}_fail"),
+                format!(
+                    "CREATE TRIGGER {t}_fail BEFORE UPDATE ON {t} FOR EACH ROW \
+                     BEGIN IF (SELECT COUNT(*) FROM {t}_fault) > 0 THEN \
+                     SIGNAL SQLSTATE '{sqlstate}' \
+                     SET MYSQL_ERRNO = {number}, MESSAGE_TEXT = '{message}'; END IF; END"
+                ),
+            ]
+        }
+        Backend::Sqlite => unreachable!("SQLite's transient error is its busy timeout"),
+    }
+}
+
+/// Runs `statements` through a connection of the test's own (the text protocol: MariaDB
+/// does not prepare `CREATE TRIGGER`).
+async fn run_sql(backend: Backend, statements: &[String]) {
+    let url = outbox_tests::services::database_url(backend);
+    match backend {
+        Backend::Postgres => {
+            let mut connection = sqlx::PgConnection::connect(&url).await.expect("connected");
+            for sql in statements {
+                (connection.execute(sql.as_str()).await).unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+            let _ = connection.close().await;
+        }
+        _ => {
+            let mut connection = sqlx::MySqlConnection::connect(&url)
+                .await
+                .expect("connected");
+            for sql in statements {
+                (connection.execute(sql.as_str()).await).unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+            let _ = connection.close().await;
+        }
+    }
+}
+
+/// Each transient error of the backend, at start (the leases an earlier run left are
+/// released first, and that release fails) and mid-run (claims and marks fail while events
+/// are inserted): `run` never ends, says once that claims fail and once that they work
+/// again, and delivers every event once, in room order.
+async fn each_transient_error_at_start_and_mid_run_is_retried(backend: Backend) {
+    for injected in INJECTED
+        .iter()
+        .filter(|injected| backend == Backend::Postgres || injected.mariadb.is_some())
+    {
+        let what = injected.what;
+        let slug = what.replace(' ', "");
+        let at_start = room_events(&format!("{slug}start"), 20, 4);
+        let mid_run = room_events(&format!("{slug}midrun"), 20, 4);
+        let app = TestApp::on(backend)
+            .settings(|settings| settings.log.format = "json".into())
+            .seeded(&at_start)
+            .build()
+            .await;
+        let t = app.database.table.as_str().to_owned();
+        let node = app.settings.relay.node_id.clone();
+        let now_plus_an_hour = match backend {
+            Backend::Postgres => "now() + interval '1 hour'",
+            _ => "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR",
+        };
+        // Leases an earlier, ended run of this node left (as a crash would).
+        app.database
+            .execute(&format!(
+                "UPDATE {{t}} SET locked_by = '{node}', locked_until = {now_plus_an_hour}"
+            ))
+            .await;
+        let mut setup = vec![format!("CREATE TABLE {t}_fault (on_ INT)")];
+        setup.extend(trigger(backend, &t, injected));
+        setup.push(format!("INSERT INTO {t}_fault VALUES (1)"));
+        run_sql(backend, &setup).await;
+        let fault_off = [format!("DELETE FROM {t}_fault")];
+        let fault_on = [format!("INSERT INTO {t}_fault VALUES (1)")];
+
+        let mut relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+        let message = format!("injected {what}");
+        let line = warned(&mut relay, &message).await;
+        eprintln!("{backend:?}, {what} at start: {line}");
+        assert!(
+            line["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with(UNAVAILABLE),
+            "{line}"
+        );
+        run_sql(backend, &fault_off).await;
+        app.expect_every_event_once(&format!("{backend:?}, {what} at start"), &at_start)
+            .await;
+
+        run_sql(backend, &fault_on).await;
+        outbox_tests::seed(&app.database, &mid_run).await;
+        eventually("claims failing again", DEADLINE, || {
+            std::future::ready(relay.log_lines(UNAVAILABLE).len() >= 2)
+        })
+        .await;
+        still_running(&mut relay);
+        run_sql(backend, &fault_off).await;
+        let all: Vec<_> = at_start.iter().chain(&mid_run).cloned().collect();
+        app.expect_every_event_once(&format!("{backend:?}, {what} mid-run"), &all)
+            .await;
+        eventually("the return logged twice", DEADLINE, || {
+            std::future::ready(relay.log_lines(AVAILABLE).len() >= 2)
+        })
+        .await;
+        assert_eq!(
+            at_level(&relay, UNAVAILABLE, "WARN"),
+            2,
+            "said once each time"
+        );
+        assert_eq!(
+            at_level(&relay, AVAILABLE, "INFO"),
+            2,
+            "said once each time"
+        );
+        let released = relay.log_lines("released leases left by an earlier run of this node");
+        assert_eq!(released.len(), 1, "{}", relay.log_text());
+        still_running(&mut relay);
+        relay.stop(outbox_tests::within(SHUTDOWN)).await;
+        let mut cleanup = vec![format!("DROP TABLE {t}_fault")];
+        if backend == Backend::Postgres {
+            cleanup.push(format!("DROP TRIGGER {t}_fail ON {t}"));
+            cleanup.push(format!("DROP FUNCTION {t}_fail()"));
+        }
+        run_sql(backend, &cleanup).await;
+        app.teardown().await;
+    }
+}
+per_backend!(each_transient_error_at_start_and_mid_run_is_retried: postgres, mariadb);
