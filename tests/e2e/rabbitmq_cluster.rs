@@ -194,8 +194,8 @@ struct Phase {
     /// nacked) and that were published later, by kind: `last_error` stays on a published
     /// row.
     retried: BTreeMap<&'static str, usize>,
-    /// The most attempts one event was counted (`retry_count`): a nack counts, a timeout
-    /// or a lost channel does not.
+    /// The most attempts one event was counted (`retry_count`): none of these faults is an
+    /// event's own failure, so a nack, a timeout or a lost channel must count none.
     attempts: i32,
     /// Whether that node led the quorum queue when the phase's fault began.
     led: bool,
@@ -635,6 +635,10 @@ async fn node_loss_leader_stop_hang_partition_and_rolling_restart_lose_nothing()
             phase.violations.is_empty(),
             "{name}: {:?}",
             phase.violations.first()
+        );
+        assert_eq!(
+            phase.attempts, 0,
+            "{name}: a nack, a timeout or a lost channel counted as an event's attempt"
         );
         // Publishes the cluster could not confirm were retried, not marked published (an
         // event marked without reaching the queue would be counted lost above).
