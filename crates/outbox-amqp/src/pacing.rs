@@ -50,7 +50,7 @@ pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(500);
 #[derive(Debug, Default)]
 pub(crate) struct Pacing {
     state: Mutex<State>,
-    /// Set when nacks in a row ask for a new channel; taken by the next publish.
+    /// Set when nacks in a row or a probe ask for a new channel; taken by the next publish.
     stale: AtomicBool,
     /// Told when a probe ends or the channel is no longer in doubt.
     probes: Notify,
@@ -141,7 +141,7 @@ impl Pacing {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether nacks in a row asked for a new channel since the last call.
+    /// Whether nacks in a row or a probe asked for a new channel since the last call.
     pub(crate) fn take_stale(&self) -> bool {
         self.stale.load(Ordering::Relaxed) && self.stale.swap(false, Ordering::Relaxed)
     }
