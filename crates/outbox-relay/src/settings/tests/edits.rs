@@ -2,6 +2,9 @@
 //! written, and whether it is still in the file once every edit is made. Part of
 //! `mutations.rs`, and shared with it by the in-process campaign and the binary's.
 
+// The binary's campaign (`tests/e2e/settings.rs`) reads only part of what is recorded here.
+#![allow(dead_code)]
+
 /// A kind of edit, as the campaign counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {

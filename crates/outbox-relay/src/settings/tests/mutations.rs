@@ -5,12 +5,14 @@
 //! mutated by a few random edits — a key deleted, an unknown key added, a value of another
 //! type, a number out of range, a malformed duration or URL, broken TOML, bytes that are no
 //! UTF-8, a key given twice, random Unicode, an `[[outboxes]]` entry with an odd name —
-//! and a few `OUTBOX_RELAY__…` variables with such values. The cases come from a fixed
-//! seed, so a run is repeatable and a failure can be replayed by its number.
+//! and a few `OUTBOX_RELAY__…` variables with such values. The cases come from a seed, so
+//! a run is repeatable and a failure can be replayed by the seed and its number. Each case
+//! records its edits as the keys they touched and the values they wrote (`edits.rs`).
 //!
 //! A start on such settings must succeed or be refused with messages that each name a key
-//! (`key_named.rs`, beside this file). Used by the in-process campaign (`campaign.rs`) and
-//! by the binary's (`tests/e2e/settings.rs`, which includes this file and `key_named.rs`).
+//! (`key_named.rs`, beside this file); the in-process campaign (`campaign.rs`) holds it to
+//! more (`verdict.rs`). Used by that campaign and by the binary's (`tests/e2e/settings.rs`,
+//! which includes this file and `key_named.rs`).
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -47,7 +49,9 @@ pub struct Case {
     /// The same edits and variables, each with the key it touched and what it wrote.
     pub mutations: Vec<Mutation>,
     /// The first line (from 1) that the edits of the text (a line twice, broken TOML, an
-    /// appended entry) changed; `None` when they changed nothing.
+    /// appended entry) changed; `None` when they changed nothing. Read by the in-process
+    /// campaign only.
+    #[allow(dead_code)]
     pub text_changed_from: Option<usize>,
 }
 
