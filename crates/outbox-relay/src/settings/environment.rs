@@ -26,15 +26,24 @@ pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
 pub(super) struct Origins(BTreeMap<String, String>);
 
 impl Origins {
-    /// The variable that set `path` (dotted, indices as segments) or a setting around it.
+    /// The variable that set `path` (dotted, indices as segments) or a setting around it;
+    /// else one that set a key inside it (`OUTBOX_RELAY__RELAY__LEASE__DEEPER` made
+    /// `relay.lease` a table).
     pub(super) fn variable(&self, path: &str) -> Option<&str> {
-        let mut path = path;
+        let mut around = path;
         loop {
-            if let Some(variable) = self.0.get(path) {
+            if let Some(variable) = self.0.get(around) {
                 return Some(variable);
             }
-            path = &path[..path.rfind('.')?];
+            match around.rfind('.') {
+                Some(end) => around = &around[..end],
+                None => break,
+            }
         }
+        let inside = format!("{path}.");
+        (self.0.iter())
+            .find(|(set, _)| set.starts_with(&inside))
+            .map(|(_, variable)| variable.as_str())
     }
 }
 

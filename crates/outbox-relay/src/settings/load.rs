@@ -92,6 +92,7 @@ impl Loaded {
         let variables = environment::variables()?;
         let mut errors = Vec::new();
         let origins = environment::apply(&mut dict, &variables, &mut errors);
+        misread(&mut dict, &origins, &mut errors);
         let settings = shape(dict, &origins, &mut errors);
         Ok(Self {
             settings,
@@ -222,6 +223,57 @@ fn shape(mut dict: Dict, origins: &Origins, errors: &mut Vec<ConfigError>) -> Se
     Settings::default()
 }
 
+/// Records and drops the values that serde would read as something else: a list where a
+/// table of settings goes (`relay = []`, read as the table at its defaults) and a number
+/// where `true` or `false` goes (`notify = 1`, read as a boolean).
+fn misread(dict: &mut Dict, origins: &Origins, errors: &mut Vec<ConfigError>) {
+    fn walk(shape: &Dict, dict: &mut Dict, path: &mut Vec<String>, found: &mut Vec<ConfigError>) {
+        for (key, expected) in shape {
+            path.push(key.clone());
+            let written = match (expected, dict.get_mut(key)) {
+                (Value::Dict(_, shape), Some(Value::Dict(_, inner))) => {
+                    walk(shape, inner, path, found);
+                    None
+                }
+                (Value::Dict(..), Some(Value::Array(..))) => {
+                    Some(("a list".to_owned(), "a table of settings"))
+                }
+                (Value::Bool(..), Some(Value::Num(_, number))) => {
+                    let text = (number.to_i128().map(|n| n.to_string()))
+                        .or_else(|| number.to_f64().map(|n| n.to_string()))
+                        .unwrap_or_default();
+                    Some((text, "true or false"))
+                }
+                _ => None,
+            };
+            if let Some((written, accepted)) = written {
+                dict.remove(key);
+                found.push(ConfigError::Mistyped {
+                    key: wording::key(path),
+                    written,
+                    accepted: accepted.into(),
+                });
+            }
+            path.pop();
+        }
+    }
+    let Some(shape) = Value::serialize(Settings::default())
+        .ok()
+        .and_then(Value::into_dict)
+    else {
+        return;
+    };
+    let mut found = Vec::new();
+    walk(&shape, dict, &mut Vec::new(), &mut found);
+    for error in found {
+        let ConfigError::Mistyped { key, .. } = &error else {
+            continue;
+        };
+        let path: Vec<String> = key.split('.').map(str::to_owned).collect();
+        errors.push(from_origin(error.clone(), &path, origins));
+    }
+}
+
 /// Removes the value at `path` (or the nearest one around it that exists); `false` when
 /// there is nothing to remove.
 fn drop_key(dict: &mut Dict, path: &[String]) -> bool {
@@ -284,9 +336,24 @@ fn from_environment(error: ConfigError, origins: &Origins) -> ConfigError {
                 path: path.clone(),
             }
         }
-        ConfigError::Invalid { key, .. } | ConfigError::Mistyped { key, .. } => {
+        ConfigError::Invalid { key, accepted, .. }
+        | ConfigError::Mistyped { key, accepted, .. } => {
             // `amqp.url[1]`: the variable set the whole list.
-            key.split('[').next().unwrap_or_default().to_owned()
+            let own = key.split('[').next().unwrap_or_default();
+            // Else another key the problem names that a variable set: `amqp.url` with a
+            // password, refused because `amqp.password` is set.
+            let other = accepted
+                .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.')))
+                .find(|word| word.contains('.') && origins.variable(word).is_some());
+            match other {
+                Some(other) if origins.variable(own).is_none() => other.to_owned(),
+                _ => own.to_owned(),
+            }
+        }
+        // `[database.columns]`: `columns.key: …`.
+        ConfigError::Outbox { outbox, problem } if outbox == "database" => {
+            let key = problem.split(':').next().unwrap_or_default();
+            format!("database.{key}")
         }
         ConfigError::Outbox { outbox, problem } => {
             // `outboxes[1] (orders)` and `database_url: …`: the key the problem starts
@@ -324,6 +391,57 @@ fn from_environment(error: ConfigError, origins: &Origins) -> ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::settings::tests::load;
+
+    #[test]
+    fn a_variable_is_named_when_it_sets_a_key_inside_a_setting() {
+        let error = load("", &[("OUTBOX_RELAY__RELAY__LEASE__DEEPER", "1s")]).unwrap_err();
+        assert!(
+            error.contains("relay.lease") && error.contains("OUTBOX_RELAY__RELAY__LEASE__DEEPER"),
+            "{error}"
+        );
+        let error = load("", &[("OUTBOX_RELAY__BOGUS__KEY", "1")]).unwrap_err();
+        assert!(error.contains("OUTBOX_RELAY__BOGUS__KEY"), "{error}");
+    }
+
+    #[test]
+    fn a_variable_is_named_for_database_columns_and_a_password_beside_a_url() {
+        let error = load("", &[("OUTBOX_RELAY__DATABASE__COLUMNS__KEY", "a b")]).unwrap_err();
+        assert!(
+            error.contains("columns.key") && error.contains("OUTBOX_RELAY__DATABASE__COLUMNS__KEY"),
+            "{error}"
+        );
+        let error = load(
+            "[amqp]\nurl = \"amqp://relay:pw@mq/%2f\"",
+            &[("OUTBOX_RELAY__AMQP__PASSWORD", "other")],
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("amqp.url") && error.contains("OUTBOX_RELAY__AMQP__PASSWORD"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_list_for_a_table_and_a_number_for_a_boolean_are_refused() {
+        let error = load("relay = []", &[]).unwrap_err();
+        assert!(error.contains("relay = a list is invalid"), "{error}");
+        let error = load("[database]\nmigrate_on_start = 1", &[]).unwrap_err();
+        assert!(
+            error.contains("database.migrate_on_start = 1 is invalid: true or false"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_pool_larger_than_a_u32_is_refused() {
+        let error = load("[database]\nmax_connections = 4294967296", &[]).unwrap_err();
+        assert!(
+            error.contains("database.max_connections = \"4294967296\" is invalid"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn lines_and_columns_count_from_one() {

@@ -173,6 +173,15 @@ impl DatabaseSettings {
             self.max_connections,
             defaults.max_connections,
         );
+        // The pools take a u32: a larger size is refused, never cut down.
+        let max_connections = match u32::try_from(max_connections) {
+            Ok(size) => Some(size),
+            Err(_) => check.reject(
+                "max_connections",
+                max_connections.to_string(),
+                format!("a whole number from 1 to {}", u32::MAX),
+            ),
+        };
         let listen_url = if self.listen_url.trim().is_empty() {
             Some(None)
         } else {
@@ -208,7 +217,7 @@ impl DatabaseSettings {
             redacted_url,
             table: table?,
             columns: columns?,
-            max_connections: u32::try_from(max_connections).unwrap_or(u32::MAX),
+            max_connections: max_connections?,
             migrate_on_start: self.migrate_on_start,
             notify: self.notify,
             listen_url: listen_url?,

@@ -7,6 +7,7 @@ mod mutations;
 mod outboxes;
 mod secrets;
 mod shape;
+mod verdict;
 
 use super::{Config, MaxPendingAge};
 use figment::Jail;

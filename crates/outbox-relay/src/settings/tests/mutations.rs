@@ -5,17 +5,24 @@
 //! mutated by a few random edits — a key deleted, an unknown key added, a value of another
 //! type, a number out of range, a malformed duration or URL, broken TOML, bytes that are no
 //! UTF-8, a key given twice, random Unicode, an `[[outboxes]]` entry with an odd name —
-//! and a few `OUTBOX_RELAY__…` variables with such values. The cases come from a fixed
-//! seed, so a run is repeatable and a failure can be replayed by its number.
+//! and a few `OUTBOX_RELAY__…` variables with such values. The cases come from a seed, so
+//! a run is repeatable and a failure can be replayed by the seed and its number. Each case
+//! records its edits as the keys they touched and the values they wrote (`edits.rs`).
 //!
 //! A start on such settings must succeed or be refused with messages that each name a key
-//! (`key_named.rs`, beside this file). Used by the in-process campaign (`campaign.rs`) and
-//! by the binary's (`tests/e2e/settings.rs`, which includes this file and `key_named.rs`).
+//! (`key_named.rs`, beside this file); the in-process campaign (`campaign.rs`) holds it to
+//! more (`verdict.rs`). Used by that campaign and by the binary's (`tests/e2e/settings.rs`,
+//! which includes this file and `key_named.rs`).
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
 use std::path::Path;
+
+#[path = "edits.rs"]
+mod edits;
+use edits::{after_delete, placeholders, segments};
+pub use edits::{key, Kind, Mutation};
 
 /// The campaign's seed unless `OUTBOX_SETTINGS_SEED` gives another.
 pub const SEED: u64 = 0x5e77_1265_c0ff_ee01;
@@ -39,6 +46,13 @@ pub struct Case {
     pub env: Vec<(String, String)>,
     /// What was done to the base, for a failure's report.
     pub edits: Vec<String>,
+    /// The same edits and variables, each with the key it touched and what it wrote.
+    pub mutations: Vec<Mutation>,
+    /// The first line (from 1) that the edits of the text (a line twice, broken TOML, an
+    /// appended entry) changed; `None` when they changed nothing. Read by the in-process
+    /// campaign only.
+    #[allow(dead_code)]
+    pub text_changed_from: Option<usize>,
 }
 
 /// The valid settings the cases start from, as tables. `database_url` and `amqp_url` are
@@ -451,11 +465,22 @@ pub fn cases(bases: &[toml::Table], seed: u64, count: usize) -> Vec<Case> {
             let mut case = apply(&bases[base], &edits);
             case.number = number;
             case.edits.insert(0, format!("base {base}"));
+            case.mutations.extend(env.iter().map(|(name, value)| {
+                let rest = &name[PREFIX.len()..];
+                let path = rest.split("__").map(str::to_ascii_lowercase).collect();
+                Mutation {
+                    name: Some(name.clone()),
+                    ..Mutation::new(Kind::Variable, path, Some(value.clone()))
+                }
+            }));
             case.env = env;
             case
         })
         .collect()
 }
+
+/// The variables' prefix, in any case.
+const PREFIX: &str = "OUTBOX_RELAY__";
 
 /// A place in a table: a key or a list's position.
 #[derive(Debug, Clone)]
@@ -514,6 +539,9 @@ fn apply(base: &toml::Table, edits: &[Edit]) -> Case {
     let mut root = toml::Value::Table(base.clone());
     let mut raws: Vec<String> = Vec::new();
     let mut described = Vec::new();
+    let mut mutations: Vec<Mutation> = Vec::new();
+    // Which mutation each placeholder belongs to.
+    let mut owners: Vec<usize> = Vec::new();
     let placeholder = |raws: &mut Vec<String>, raw: &str| {
         raws.push(raw.to_owned());
         toml::Value::String(format!("@@raw{}@@", raws.len() - 1))
@@ -537,9 +565,12 @@ fn apply(base: &toml::Table, edits: &[Edit]) -> Case {
                     }
                     _ => {}
                 }
-                described.push(format!("delete {path:?}"));
+                let path = segments(&path);
+                after_delete(&mut mutations, &path);
+                described.push(format!("delete {}", key(&path)));
+                mutations.push(Mutation::new(Kind::Delete, path, None));
             }
-            Edit::Unknown(pick_at, key, raw) => {
+            Edit::Unknown(pick_at, name, raw) => {
                 let tables: Vec<Vec<Step>> = std::iter::once(Vec::new())
                     .chain(places.iter().cloned())
                     .filter(|path| {
@@ -548,10 +579,18 @@ fn apply(base: &toml::Table, edits: &[Edit]) -> Case {
                     .collect();
                 let path = tables[pick_at % tables.len()].clone();
                 let value = placeholder(&mut raws, raw);
+                let mut kind = Kind::Unknown;
                 if let Some(toml::Value::Table(table)) = at(&mut root, &path) {
-                    table.insert(key.clone(), value);
+                    // A key the table has already: its value is replaced.
+                    if table.insert(name.clone(), value).is_some() {
+                        kind = Kind::Replace;
+                    }
                 }
-                described.push(format!("add {key:?} = {raw} to {path:?}"));
+                let mut path = segments(&path);
+                path.push(name.clone());
+                described.push(format!("add {:?} = {raw}", key(&path)));
+                owners.push(mutations.len());
+                mutations.push(Mutation::new(kind, path, Some(raw.clone())));
             }
             Edit::Replace(pick_at, raw) => {
                 let Some(path) = pick(*pick_at) else { continue };
@@ -559,18 +598,41 @@ fn apply(base: &toml::Table, edits: &[Edit]) -> Case {
                 if let Some(slot) = at(&mut root, &path) {
                     *slot = value;
                 }
-                described.push(format!("set {path:?} = {raw}"));
+                let path = segments(&path);
+                described.push(format!("set {} = {raw}", key(&path)));
+                owners.push(mutations.len());
+                mutations.push(Mutation::new(Kind::Replace, path, Some(raw.clone())));
             }
             _ => {}
         }
     }
+    // A value replaced by a later edit, or deleted with its table, is no longer written.
+    for owner in &owners {
+        mutations[*owner].live = false;
+    }
+    let mut found = Vec::new();
+    placeholders(&root, &mut Vec::new(), &mut found);
+    for (number, path) in found {
+        let mutation = &mut mutations[owners[number]];
+        mutation.live = true;
+        mutation.path = path;
+    }
     let toml::Value::Table(table) = root else {
         unreachable!("the root is a table")
     };
-    let mut text = toml::to_string(&table).expect("a table serialises");
-    for (index, raw) in raws.iter().enumerate() {
-        text = text.replace(&format!("\"@@raw{index}@@\""), raw);
+    // Each placeholder replaced by its raw text, noting the line it lands on.
+    let mut rest = toml::to_string(&table).expect("a table serialises");
+    let mut text = String::new();
+    while let Some(start) = rest.find("\"@@raw") {
+        let end = start + rest[start + 1..].find('"').expect("a closing quote") + 2;
+        let number: usize = rest[start + 6..end - 3].parse().expect("a placeholder");
+        text.push_str(&rest[..start]);
+        mutations[owners[number]].line = Some(text.matches('\n').count() + 1);
+        text.push_str(&raws[number]);
+        rest = rest.split_off(end);
     }
+    text.push_str(&rest);
+    let written = text.clone();
     for edit in edits {
         match edit {
             Edit::Twice(pick_at) => {
@@ -580,12 +642,22 @@ fn apply(base: &toml::Table, edits: &[Edit]) -> Case {
                 }
                 let line = pick_at % lines.len();
                 described.push(format!("write twice {:?}", lines[line]));
+                mutations.push(Mutation {
+                    name: Some(lines[line].to_owned()),
+                    ..Mutation::new(Kind::Twice, Vec::new(), None)
+                });
                 let mut doubled: Vec<&str> = lines[..=line].to_vec();
                 doubled.extend(&lines[line..]);
                 text = doubled.join("\n") + "\n";
             }
             Edit::Outbox(name, table) => {
                 described.push(format!("outbox {name:?} on {table:?}"));
+                let entries = text.lines().filter(|line| *line == "[[outboxes]]").count();
+                mutations.push(Mutation::new(
+                    Kind::Outbox,
+                    vec!["outboxes".into(), entries.to_string()],
+                    Some(format!("{{ name = {name:?}, table = {table:?} }}")),
+                ));
                 text.push_str(&format!(
                     "\n[[outboxes]]\nname = {}\ntable = {}\n",
                     toml::Value::String(name.clone()),
@@ -599,16 +671,38 @@ fn apply(base: &toml::Table, edits: &[Edit]) -> Case {
                 }
                 described.push(format!("insert {junk:?} at byte {offset}"));
                 text.insert_str(offset, junk);
+                mutations.push(Mutation::new(Kind::Break, Vec::new(), Some(junk.clone())));
             }
             _ => {}
         }
     }
+    let text_changed_from = (written.bytes().zip(text.bytes()))
+        .position(|(before, after)| before != after)
+        .or_else(|| (written.len() != text.len()).then(|| written.len().min(text.len())))
+        .map(|offset| {
+            text.as_bytes()[..offset]
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+                + 1
+        });
     let mut file = text.into_bytes();
+    let bytes_from = mutations.len();
     for edit in edits {
         if let Edit::Bytes(pick_at, bytes) = edit {
             let offset = pick_at % (file.len() + 1);
             described.push(format!("insert bytes {bytes:x?} at byte {offset}"));
             file.splice(offset..offset, bytes.iter().copied());
+            // Those inserted before at or after `offset` have moved on.
+            for earlier in &mut mutations[bytes_from..] {
+                earlier.at = earlier
+                    .at
+                    .map(|at| if at >= offset { at + bytes.len() } else { at });
+            }
+            mutations.push(Mutation {
+                at: Some(offset),
+                ..Mutation::new(Kind::NotUtf8, Vec::new(), None)
+            });
         }
     }
     Case {
@@ -616,5 +710,7 @@ fn apply(base: &toml::Table, edits: &[Edit]) -> Case {
         file,
         env: Vec::new(),
         edits: described,
+        mutations,
+        text_changed_from,
     }
 }
