@@ -64,8 +64,9 @@ mod multinode;
 mod node_lock;
 /// PostgreSQL's notices about skipped `IF NOT EXISTS` statements stay out of the log.
 mod notices;
-/// A broker away for seconds under load with `relay.max_attempts` set: no attempt lost,
-/// nothing dead, room order kept, the outage said once.
+/// A broker away for seconds under load with `relay.max_attempts` set, once and twice in a
+/// row: no attempt lost, nothing dead, room order kept, duplicates within the in-flight
+/// window, each outage said once with the publishes it caught in flight and kept waiting.
 mod outages;
 /// Adopted tables and several outboxes through the binary: `migrate --dry-run`, `migrate`
 /// and `run` on a Debezium-shaped table and the original worker's; two outboxes in one
