@@ -100,7 +100,8 @@ mod settings;
 /// node clearing its leases at start.
 mod shutdown;
 /// An outbox whose events all fail: stalled on `/readyz`, in `outbox_stalled`, `status`
-/// and one log line with the next step; no longer once its events flow.
+/// and one log line with the next step, said once for the whole stall, on every backend;
+/// no longer once its events flow.
 mod stalls;
 /// Starting while the database or the broker is down: waiting with backoff, `/readyz`,
 /// SIGTERM, `relay.startup_timeout`, refusals of the settings (exit code 2), `migrate
