@@ -47,8 +47,8 @@ mod failures;
 /// its channel; a reconnect declaring a deleted exchange again.
 mod faults;
 /// Thousands of hostile rows (proptest, a fixed seed) through the binary on every backend:
-/// each published byte for byte with the documented headers, or dead naming why; none lost
-/// or pending, the control room in order.
+/// each published byte for byte with the documented headers, or dead naming why; none lost,
+/// pending or twice, every room in order.
 mod hostile_rows;
 /// The documented log lines, each at its level and once per change: outcomes, the
 /// database's loss and return, `status=batch_failed`, readiness changes.
