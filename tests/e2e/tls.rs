@@ -89,6 +89,60 @@ async fn amqps_with_a_wrong_ca_fails_fast_with_a_certificate_error() {
     app.teardown().await;
 }
 
+#[actix_rt::test]
+async fn amqps_to_a_host_the_certificate_does_not_name_fails_with_a_certificate_error() {
+    // A certificate from the trusted CA, naming `localhost` only: the CA checks out, the
+    // name does not when the URL says 127.0.0.1.
+    let proxy = TlsProxy::start_naming(local_rabbitmq(), &["localhost"]).await;
+    let ca_file = proxy.ca.write_pem();
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.amqp.url = proxy.amqps_url_via("localhost");
+            settings.amqp.tls_ca_file = ca_file.display().to_string();
+            settings.log.format = "json".into();
+        })
+        .build()
+        .await;
+
+    // Through the name the certificate gives, the same CA file connects.
+    let named = RelayProcess::spawn(crate::RELAY, &app.settings);
+    eventually("connected via localhost", Duration::from_secs(15), || {
+        std::future::ready(!named.log_lines("connected to RabbitMQ").is_empty())
+    })
+    .await;
+    named.stop(Duration::from_secs(10)).await;
+
+    let mut relay = RelayProcess::spawn(
+        crate::RELAY,
+        &app.settings_with(|settings| settings.amqp.url = proxy.amqps_url_via("127.0.0.1")),
+    );
+    // A certificate for another host is a setting to fix (exit code 2), as a wrong CA is.
+    let status = relay.wait(Duration::from_secs(15)).await;
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        relay.log_lines("connected to RabbitMQ").is_empty(),
+        "never connected: {log}"
+    );
+    let refused = relay.log_lines("outbox-relay cannot run with these settings");
+    let error = refused
+        .first()
+        .and_then(|line| line["error"].as_str())
+        .unwrap_or_default();
+    assert!(
+        error.starts_with("cannot connect to RabbitMQ at amqp.url (amqps://")
+            && error.contains("@127.0.0.1:"),
+        "names the broker: {log}"
+    );
+    assert!(
+        error.contains(r#"invalid peer certificate: certificate not valid for name "127.0.0.1""#),
+        "says the certificate does not name the host: {log}"
+    );
+    let _ = std::fs::remove_file(ca_file);
+    let _ = std::fs::remove_file(&relay.log);
+    app.teardown().await;
+}
+
 #[test]
 fn a_missing_ca_file_exits_2_naming_the_key() {
     let mut settings = outbox_relay::settings::Settings::default();
