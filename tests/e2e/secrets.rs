@@ -1,13 +1,16 @@
-//! Passwords never reach `check-config`, the log of `run`, or an error message — whether
-//! they come in the URL, from `*.password` or from `*.password_file` — and every password
-//! given in the environment reaches the server exactly as written.
+//! Passwords never reach `check-config`, the log of `run` (its reconnections and its
+//! shutdown too), or an error message — whether they come in the URL, from `*.password` or
+//! from `*.password_file` — and every password given in the environment reaches the server
+//! exactly as written: RabbitMQ's, MariaDB's, and PostgreSQL's on a server that checks it.
 
 use outbox_relay::settings::OutboxSettings;
+use outbox_store::TableName;
 use outbox_tests::output::{stderr, stdout};
+use outbox_tests::replica::PgPair;
 use outbox_tests::OutputInTime as _;
 use outbox_tests::{
-    eventually, room_events, run_binary, seed, test_settings, unique_name, Backend, BrokerUser,
-    FaultProxy, RelayProcess, SettingsFile, TestBroker, TestDatabase,
+    eventually, room_events, run_binary, seed, settings_on, test_settings, unique_name, Backend,
+    BrokerUser, FaultProxy, RelayProcess, SettingsFile, TestBroker, TestDatabase,
 };
 use std::path::PathBuf;
 use std::process::Command;
@@ -257,6 +260,71 @@ async fn passwords_that_look_like_numbers_booleans_lists_or_quotes_reach_the_bro
     }
     broker.close().await;
     database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn a_database_password_reaches_postgresql_verbatim() {
+    // The shared PostgreSQL trusts every local login, so a server of the test's own asks
+    // this role for its password: a wrong one is refused, only the exact one gets in.
+    const PASSWORD: &str = "pg Pw'\"@:/?#%41 é-7c3e";
+    let pair = tokio::task::spawn_blocking(PgPair::start)
+        .await
+        .expect("a server");
+    let role = unique_name("e2e_pw");
+    pair.require_password(&role, PASSWORD);
+    let url = format!("postgres://{role}@{}/postgres", pair.primary);
+    let wrong = with_password(&url, "not-the-password");
+    eventually("a wrong password refused", DEADLINE, || async {
+        outbox_store::connect(&wrong, 1)
+            .await
+            .is_err_and(|error| error.to_string().contains("password authentication failed"))
+    })
+    .await;
+    // Every byte but letters and digits percent-encoded, apart from the URL code under test.
+    let encoded: String = PASSWORD
+        .bytes()
+        .map(|byte| match byte.is_ascii_alphanumeric() {
+            true => char::from(byte).to_string(),
+            false => format!("%{byte:02X}"),
+        })
+        .collect();
+    let exact = format!("postgres://{role}:{encoded}@{}/postgres", pair.primary);
+    outbox_store::connect(&exact, 1)
+        .await
+        .unwrap_or_else(|error| panic!("the role logs in with its password: {error}"));
+
+    // The table and the events, by the server's superuser; the role may use them.
+    let admin = outbox_store::connect(&PgPair::url(pair.primary), 2)
+        .await
+        .expect("the superuser connects")
+        .into_connection();
+    let table = TableName::parse(&unique_name("verbatim")).expect("a table name");
+    outbox_store::migrate(&admin, &table)
+        .await
+        .expect("migration runs");
+    PgPair::sql(
+        pair.primary,
+        &[
+            &format!("GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"),
+            &format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"),
+        ],
+    );
+    let events = room_events("verbatim-pg", 10, 2);
+    outbox_store::insert_events(&admin, &table, &events)
+        .await
+        .expect("events inserted");
+
+    let broker = TestBroker::new("#").await;
+    let settings = settings_on(&url, &table, &broker, |settings| {
+        settings.database.password = PASSWORD.into();
+        settings.relay.startup_timeout = "10s".into();
+    });
+    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+    broker.wait_for_each(&events, DEADLINE).await;
+    let log = relay.stop_and_log(Duration::from_secs(10)).await;
+    outbox_tests::assert_every_event_delivered(&broker.drain(DEADLINE).await, &events);
+    assert!(!log.contains(PASSWORD), "{log}");
+    broker.close().await;
 }
 
 #[test]
