@@ -89,8 +89,9 @@ mod published_rows;
 mod rabbitmq_cluster;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.
 mod retention;
-/// Passwords never reach `check-config`, logs or error messages; from the environment they
-/// reach RabbitMQ and MariaDB exactly as written (an outbox's own password too).
+/// Passwords never reach `check-config`, logs (reconnections and shutdown included) or
+/// error messages; from the environment they reach RabbitMQ, MariaDB and a PostgreSQL that
+/// checks them exactly as written (an outbox's own password too).
 mod secrets;
 /// Exit codes and messages of the binary for bad settings: a directory or an empty file as
 /// the config, `log.level`, every bad value at once, JSON final errors.
@@ -109,7 +110,8 @@ mod stalls;
 mod startup;
 /// The store's own guarantees (last_error trimming, leases, claims, migrations).
 mod store;
-/// `amqps://` through a TLS proxy with a custom CA; PostgreSQL's `sslmode`.
+/// `amqps://` through a TLS proxy with a custom CA, refused for a host its certificate does
+/// not name; PostgreSQL's `sslmode` and `PGSSLMODE` on every connection of the relay.
 mod tls;
 /// `top`: a running relay's published/s and backlog on screen within 2 s in a
 /// pseudo-terminal (tmux), `q` quits; `--once` prints the backlog, oldest age and dead
