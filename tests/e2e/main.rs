@@ -47,8 +47,8 @@ mod failures;
 /// its channel; a reconnect declaring a deleted exchange again.
 mod faults;
 /// Thousands of hostile rows (proptest, a fixed seed) through the binary on every backend:
-/// each published byte for byte with the documented headers, or dead naming why; none lost
-/// or pending, the control room in order.
+/// each published byte for byte with the documented headers, or dead naming why; none lost,
+/// pending or twice, every room in order.
 mod hostile_rows;
 /// The documented log lines, each at its level and once per change: outcomes, the
 /// database's loss and return, `status=batch_failed`, readiness changes.
@@ -64,8 +64,9 @@ mod multinode;
 mod node_lock;
 /// PostgreSQL's notices about skipped `IF NOT EXISTS` statements stay out of the log.
 mod notices;
-/// A broker away for seconds under load with `relay.max_attempts` set: no attempt lost,
-/// nothing dead, room order kept, the outage said once.
+/// A broker away for seconds under load with `relay.max_attempts` set, once and twice in a
+/// row: no attempt lost, nothing dead, room order kept, duplicates within the in-flight
+/// window, each outage said once with the publishes it caught in flight and kept waiting.
 mod outages;
 /// Adopted tables and several outboxes through the binary: `migrate --dry-run`, `migrate`
 /// and `run` on a Debezium-shaped table and the original worker's; two outboxes in one
@@ -88,8 +89,9 @@ mod published_rows;
 mod rabbitmq_cluster;
 /// The Janitor (`relay.retention`) and `purge` delete old published rows, and nothing else.
 mod retention;
-/// Passwords never reach `check-config`, logs or error messages; from the environment they
-/// reach RabbitMQ and MariaDB exactly as written (an outbox's own password too).
+/// Passwords never reach `check-config`, logs (reconnections and shutdown included) or
+/// error messages; from the environment they reach RabbitMQ, MariaDB and a PostgreSQL that
+/// checks them exactly as written (an outbox's own password too).
 mod secrets;
 /// Exit codes and messages of the binary for bad settings: a directory or an empty file as
 /// the config, `log.level`, every bad value at once, JSON final errors.
@@ -99,7 +101,8 @@ mod settings;
 /// node clearing its leases at start.
 mod shutdown;
 /// An outbox whose events all fail: stalled on `/readyz`, in `outbox_stalled`, `status`
-/// and one log line with the next step; no longer once its events flow.
+/// and one log line with the next step, said once for the whole stall, on every backend;
+/// no longer once its events flow.
 mod stalls;
 /// Starting while the database or the broker is down: waiting with backoff, `/readyz`,
 /// SIGTERM, `relay.startup_timeout`, refusals of the settings (exit code 2), `migrate
@@ -107,7 +110,8 @@ mod stalls;
 mod startup;
 /// The store's own guarantees (last_error trimming, leases, claims, migrations).
 mod store;
-/// `amqps://` through a TLS proxy with a custom CA; PostgreSQL's `sslmode`.
+/// `amqps://` through a TLS proxy with a custom CA, refused for a host its certificate does
+/// not name; PostgreSQL's `sslmode` and `PGSSLMODE` on every connection of the relay.
 mod tls;
 /// `top`: a running relay's published/s and backlog on screen within 2 s in a
 /// pseudo-terminal (tmux), `q` quits; `--once` prints the backlog, oldest age and dead

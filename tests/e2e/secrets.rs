@@ -1,13 +1,16 @@
-//! Passwords never reach `check-config`, the log of `run`, or an error message — whether
-//! they come in the URL, from `*.password` or from `*.password_file` — and every password
-//! given in the environment reaches the server exactly as written.
+//! Passwords never reach `check-config`, the log of `run` (its reconnections and its
+//! shutdown too), or an error message — whether they come in the URL, from `*.password` or
+//! from `*.password_file` — and every password given in the environment reaches the server
+//! exactly as written: RabbitMQ's, MariaDB's, and PostgreSQL's on a server that checks it.
 
 use outbox_relay::settings::OutboxSettings;
+use outbox_store::TableName;
 use outbox_tests::output::{stderr, stdout};
+use outbox_tests::replica::PgPair;
 use outbox_tests::OutputInTime as _;
 use outbox_tests::{
-    room_events, run_binary, seed, test_settings, unique_name, Backend, BrokerUser, RelayProcess,
-    SettingsFile, TestBroker, TestDatabase,
+    eventually, room_events, run_binary, seed, settings_on, test_settings, unique_name, Backend,
+    BrokerUser, FaultProxy, RelayProcess, SettingsFile, TestBroker, TestDatabase,
 };
 use std::path::PathBuf;
 use std::process::Command;
@@ -96,23 +99,69 @@ async fn the_log_of_run_holds_no_password() {
     let broker = TestBroker::new("#").await;
     let user = BrokerUser::new(AMQP_PASSWORD);
     let amqp_password = secret_file(AMQP_PASSWORD);
+    // Both links through proxies, so both can be lost mid-run: the lines of a lost
+    // connection carry the library's error text and the URL.
+    let (database_proxy, database_url) =
+        FaultProxy::in_front_of(&with_password(&database.url, DATABASE_PASSWORD)).await;
+    let (broker_proxy, amqp_url) = FaultProxy::in_front_of(&user.url(&broker)).await;
     let settings = test_settings(&database, &broker, |settings| {
-        settings.database.url = with_password(&database.url, DATABASE_PASSWORD);
-        settings.amqp.url = user.url(&broker);
+        settings.database.url = database_url;
+        settings.amqp.url = amqp_url;
         settings.amqp.password_file = amqp_password.display().to_string();
+        settings.relay.retry_interval = "100ms".into();
         // The libraries' debug lines, and amq-protocol-tcp's trace line that prints the
         // parsed broker URL, password and all.
         settings.log.level = "debug,amq_protocol_tcp=trace".into();
     });
-    let seeded = room_events("secret", 20, 4);
-    seed(&database, &seeded).await;
+    seed(&database, &room_events("secret", 20, 4)).await;
 
     let relay = RelayProcess::spawn(crate::RELAY, &settings);
-    database.wait_all_published(Duration::from_secs(30)).await;
-    let log = relay.log_text();
-    relay.stop(Duration::from_secs(10)).await;
+    database.wait_all_published(DEADLINE).await;
+
+    // The broker goes while events wait to be published, then the database.
+    broker_proxy.go_down();
+    seed(&database, &room_events("secret-later", 20, 4)).await;
+    eventually("the broker's loss logged", DEADLINE, || {
+        std::future::ready(relay.log_text().contains("broker connection lost"))
+    })
+    .await;
+    database_proxy.go_down();
+    eventually("the database's loss logged", DEADLINE, || {
+        std::future::ready(relay.log_text().contains("database unavailable"))
+    })
+    .await;
+    broker_proxy.restore();
+    database_proxy.restore();
+    database.wait_all_published(DEADLINE).await;
+    eventually("both links back", DEADLINE, || {
+        let log = relay.log_text();
+        std::future::ready(
+            log.contains("broker connection re-established")
+                && log.contains("database available again"),
+        )
+    })
+    .await;
+    let log = relay.stop_and_log(Duration::from_secs(10)).await;
 
     assert!(log.contains("DEBUG"), "debug lines were logged: {log}");
+    // What is scanned holds the lines that could show a password: the broker's URL at
+    // its reconnection (masked), the database's loss with the driver's error, and the
+    // shutdown, logged after SIGTERM.
+    let masked = format!("{}:***@", user.name);
+    assert!(
+        log.lines()
+            .any(|line| line.contains("re-established") && line.contains(&masked)),
+        "the reconnection names the broker, password masked: {log}"
+    );
+    assert!(
+        log.lines()
+            .any(|line| line.contains("database unavailable") && line.contains("error=")),
+        "the database's loss with its error: {log}"
+    );
+    assert!(
+        log.contains("relay stopped"),
+        "the shutdown was logged: {log}"
+    );
     assert!(!log.contains(DATABASE_PASSWORD), "{log}");
     assert!(!log.contains(AMQP_PASSWORD), "{log}");
     let _ = std::fs::remove_file(amqp_password);
@@ -200,13 +249,82 @@ async fn passwords_that_look_like_numbers_booleans_lists_or_quotes_reach_the_bro
         seed(&database, &events).await;
         let relay = RelayProcess::spawn(crate::RELAY, &settings);
         database.wait_all_published(DEADLINE).await;
-        let log = relay.log_text();
-        relay.stop(Duration::from_secs(10)).await;
+        let log = relay.stop_and_log(Duration::from_secs(10)).await;
         assert!(log.contains("DEBUG"), "debug lines were logged: {log}");
+        // A short password is looked for where it would stand in a URL: one was logged.
+        assert!(
+            log.contains(&format!("{}:***@", user.name)),
+            "the broker's URL logged, password masked: {log}"
+        );
         assert_not_shown(password, &[&stdout(&check), &stderr(&check), &log]);
     }
     broker.close().await;
     database.drop_table().await;
+}
+
+#[actix_rt::test]
+async fn a_database_password_reaches_postgresql_verbatim() {
+    // The shared PostgreSQL trusts every local login, so a server of the test's own asks
+    // this role for its password: a wrong one is refused, only the exact one gets in.
+    const PASSWORD: &str = "pg Pw'\"@:/?#%41 é-7c3e";
+    let pair = tokio::task::spawn_blocking(PgPair::start)
+        .await
+        .expect("a server");
+    let role = unique_name("e2e_pw");
+    pair.require_password(&role, PASSWORD);
+    let url = format!("postgres://{role}@{}/postgres", pair.primary);
+    let wrong = with_password(&url, "not-the-password");
+    eventually("a wrong password refused", DEADLINE, || async {
+        outbox_store::connect(&wrong, 1)
+            .await
+            .is_err_and(|error| error.to_string().contains("password authentication failed"))
+    })
+    .await;
+    // Every byte but letters and digits percent-encoded, apart from the URL code under test.
+    let encoded: String = PASSWORD
+        .bytes()
+        .map(|byte| match byte.is_ascii_alphanumeric() {
+            true => char::from(byte).to_string(),
+            false => format!("%{byte:02X}"),
+        })
+        .collect();
+    let exact = format!("postgres://{role}:{encoded}@{}/postgres", pair.primary);
+    outbox_store::connect(&exact, 1)
+        .await
+        .unwrap_or_else(|error| panic!("the role logs in with its password: {error}"));
+
+    // The table and the events, by the server's superuser; the role may use them.
+    let admin = outbox_store::connect(&PgPair::url(pair.primary), 2)
+        .await
+        .expect("the superuser connects")
+        .into_connection();
+    let table = TableName::parse(&unique_name("verbatim")).expect("a table name");
+    outbox_store::migrate(&admin, &table)
+        .await
+        .expect("migration runs");
+    PgPair::sql(
+        pair.primary,
+        &[
+            &format!("GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"),
+            &format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"),
+        ],
+    );
+    let events = room_events("verbatim-pg", 10, 2);
+    outbox_store::insert_events(&admin, &table, &events)
+        .await
+        .expect("events inserted");
+
+    let broker = TestBroker::new("#").await;
+    let settings = settings_on(&url, &table, &broker, |settings| {
+        settings.database.password = PASSWORD.into();
+        settings.relay.startup_timeout = "10s".into();
+    });
+    let relay = RelayProcess::spawn(crate::RELAY, &settings);
+    broker.wait_for_each(&events, DEADLINE).await;
+    let log = relay.stop_and_log(Duration::from_secs(10)).await;
+    outbox_tests::assert_every_event_delivered(&broker.drain(DEADLINE).await, &events);
+    assert!(!log.contains(PASSWORD), "{log}");
+    broker.close().await;
 }
 
 #[test]
@@ -253,9 +371,13 @@ async fn a_one_letter_password_does_not_mangle_log_lines() {
     seed(&database, &events).await;
     let relay = RelayProcess::spawn(crate::RELAY, &settings);
     database.wait_all_published(DEADLINE).await;
-    let log = relay.log_text();
-    relay.stop(Duration::from_secs(10)).await;
+    let log = relay.stop_and_log(Duration::from_secs(10)).await;
 
+    // The checks below look at the masks: the broker's URL was logged, masked.
+    assert!(
+        log.contains(&format!("amqp://{}:***@", user.name)),
+        "the broker's URL logged, password masked: {log}"
+    );
     assert!(
         log.contains("relay") && log.contains(&user.name),
         "words with an e, and the user name, as written: {log}"
@@ -330,8 +452,7 @@ async fn an_outbox_on_a_second_database_takes_its_own_password_from_the_environm
     );
     postgres.wait_all_published(DEADLINE).await;
     maria.wait_all_published(DEADLINE).await;
-    let log = relay.log_text();
-    relay.stop(Duration::from_secs(10)).await;
+    let log = relay.stop_and_log(Duration::from_secs(10)).await;
     for password in [PG_PASSWORD, MARIA_PASSWORD] {
         assert!(!log.contains(password), "{password}: {log}");
     }

@@ -7,6 +7,7 @@ use outbox_tests::{
     TestDatabase, TlsProxy,
 };
 use sea_orm::{ConnectionTrait, Statement};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -85,6 +86,60 @@ async fn amqps_with_a_wrong_ca_fails_fast_with_a_certificate_error() {
         "says the certificate is the problem: {log}"
     );
     let _ = std::fs::remove_file(other_ca);
+    let _ = std::fs::remove_file(&relay.log);
+    app.teardown().await;
+}
+
+#[actix_rt::test]
+async fn amqps_to_a_host_the_certificate_does_not_name_fails_with_a_certificate_error() {
+    // A certificate from the trusted CA, naming `localhost` only: the CA checks out, the
+    // name does not when the URL says 127.0.0.1.
+    let proxy = TlsProxy::start_naming(local_rabbitmq(), &["localhost"]).await;
+    let ca_file = proxy.ca.write_pem();
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.amqp.url = proxy.amqps_url_via("localhost");
+            settings.amqp.tls_ca_file = ca_file.display().to_string();
+            settings.log.format = "json".into();
+        })
+        .build()
+        .await;
+
+    // Through the name the certificate gives, the same CA file connects.
+    let named = RelayProcess::spawn(crate::RELAY, &app.settings);
+    eventually("connected via localhost", Duration::from_secs(15), || {
+        std::future::ready(!named.log_lines("connected to RabbitMQ").is_empty())
+    })
+    .await;
+    named.stop(Duration::from_secs(10)).await;
+
+    let mut relay = RelayProcess::spawn(
+        crate::RELAY,
+        &app.settings_with(|settings| settings.amqp.url = proxy.amqps_url_via("127.0.0.1")),
+    );
+    // A certificate for another host is a setting to fix (exit code 2), as a wrong CA is.
+    let status = relay.wait(Duration::from_secs(15)).await;
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        relay.log_lines("connected to RabbitMQ").is_empty(),
+        "never connected: {log}"
+    );
+    let refused = relay.log_lines("outbox-relay cannot run with these settings");
+    let error = refused
+        .first()
+        .and_then(|line| line["error"].as_str())
+        .unwrap_or_default();
+    assert!(
+        error.starts_with("cannot connect to RabbitMQ at amqp.url (amqps://")
+            && error.contains("@127.0.0.1:"),
+        "names the broker: {log}"
+    );
+    assert!(
+        error.contains(r#"invalid peer certificate: certificate not valid for name "127.0.0.1""#),
+        "says the certificate does not name the host: {log}"
+    );
+    let _ = std::fs::remove_file(ca_file);
     let _ = std::fs::remove_file(&relay.log);
     app.teardown().await;
 }
@@ -173,52 +228,117 @@ fn local_postgres() -> SocketAddr {
 }
 
 /// `url` with `application_name` set to a fresh name (which the relay's pool and LISTEN
-/// connections keep), and that name.
+/// connections keep, and its node lock's connection replaces), and that name.
 fn named(url: &str) -> (String, String) {
     let name = unique_name("tls");
     (with_param(url, "application_name", &name), name)
 }
 
-/// Whether each session named `name` is encrypted, once the relay has opened some.
-async fn sessions_tls(database: &TestDatabase, name: &str) -> Vec<bool> {
-    let sql = format!(
-        "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
-         WHERE a.application_name = '{name}'"
-    );
+/// The local ports of process `pid`'s TCP connections to port `server`, from /proc: what
+/// PostgreSQL shows as their sessions' `client_port`, whatever they call themselves.
+fn client_ports(pid: u32, server: u16) -> Vec<u16> {
+    let sockets: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| {
+            entries
+                .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+                .filter_map(|link| {
+                    let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
+                    Some(inode.to_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let port = |address: &str| u16::from_str_radix(address.rsplit(':').next()?, 16).ok();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            // sl, local address, remote address, state, queues, timer, retransmits, uid,
+            // timeout, inode.
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(remote), Some(inode)) =
+                (fields.get(1), fields.get(2), fields.get(9))
+            else {
+                continue;
+            };
+            if port(remote) == Some(server) && sockets.contains(*inode) {
+                ports.extend(port(local));
+            }
+        }
+    }
+    ports
+}
+
+/// Whether each of the relay's sessions is encrypted: the sessions PostgreSQL has from the
+/// ports `ports` gives (read again at each look), once among them is one named `name` (the
+/// pool's) and one named otherwise (the node lock's).
+async fn sessions_tls(
+    database: &TestDatabase,
+    name: &str,
+    ports: impl Fn() -> Vec<u16>,
+) -> Vec<bool> {
     let read = || async {
+        let ports = ports();
+        if ports.is_empty() {
+            return Vec::new();
+        }
+        let listed = ports.iter().map(u16::to_string).collect::<Vec<_>>();
+        let sql = format!(
+            "SELECT a.application_name, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s \
+             USING (pid) WHERE a.client_port IN ({})",
+            listed.join(", ")
+        );
         let rows = database
             .db()
             .query_all(Statement::from_string(
                 database.db().get_database_backend(),
-                sql.clone(),
+                sql,
             ))
             .await
             .expect("pg_stat_ssl readable");
         (rows.iter())
-            .map(|row| row.try_get::<bool>("", "ssl").expect("a boolean"))
+            .map(|row| {
+                let named: String = row.try_get("", "application_name").expect("a name");
+                (named, row.try_get::<bool>("", "ssl").expect("a boolean"))
+            })
             .collect::<Vec<_>>()
     };
-    eventually("the relay's sessions", Duration::from_secs(30), || async {
-        !read().await.is_empty()
-    })
+    eventually(
+        "the relay's sessions, its node lock's among them",
+        Duration::from_secs(30),
+        || async {
+            let sessions = read().await;
+            sessions.iter().any(|(named, _)| named == name)
+                && sessions.iter().any(|(named, _)| named != name)
+        },
+    )
     .await;
-    read().await
+    read().await.into_iter().map(|(_, ssl)| ssl).collect()
 }
 
 /// Relays `seeded` with `PGSSLMODE` and the rest of `env` as given, and returns whether
-/// each of its sessions was encrypted, and its log.
+/// each of its sessions was encrypted, and its log. `proxy`: the relay reaches PostgreSQL
+/// through it, and its sessions are the proxy's.
 async fn relay_sessions(
     app: &TestApp,
     name: &str,
     env: &[(&str, &str)],
     seeded: &[outbox_store::NewEvent],
+    proxy: Option<&FaultProxy>,
 ) -> (Vec<bool>, RelayProcess) {
+    // The proxy's connections for an earlier relay are not this one's.
+    let earlier = proxy.map_or(0, |proxy| proxy.upstream_ports().len());
     let relay = RelayProcess::spawn_with_env(crate::RELAY, &app.settings, env);
     seed(&app.database, seeded).await;
     app.database
         .wait_all_published(Duration::from_secs(30))
         .await;
-    let sessions = sessions_tls(&app.database, name).await;
+    let pid = relay.pid();
+    let sessions = sessions_tls(&app.database, name, || match proxy {
+        Some(proxy) => proxy.upstream_ports().split_off(earlier),
+        None => client_ports(pid, local_postgres().port()),
+    })
+    .await;
     (sessions, relay)
 }
 
@@ -233,7 +353,8 @@ async fn pgsslmode_in_the_environment_is_honoured_and_never_lowered() {
 
     // A loopback URL without a mode would be plain text: PGSSLMODE=require encrypts.
     let seeded = room_events("pgsslmode", 20, 4);
-    let (sessions, relay) = relay_sessions(&app, &name, &[("PGSSLMODE", "require")], &seeded).await;
+    let (sessions, relay) =
+        relay_sessions(&app, &name, &[("PGSSLMODE", "require")], &seeded, None).await;
     assert!(
         sessions.iter().all(|ssl| *ssl),
         "PGSSLMODE=require: every session of the relay is TLS, got {sessions:?}"
@@ -242,7 +363,7 @@ async fn pgsslmode_in_the_environment_is_honoured_and_never_lowered() {
 
     // Neither the URL nor the environment asks: plain text on loopback, as documented.
     let seeded = room_events("pgplain", 20, 4);
-    let (sessions, relay) = relay_sessions(&app, &name, &[("PGSSLMODE", "")], &seeded).await;
+    let (sessions, relay) = relay_sessions(&app, &name, &[("PGSSLMODE", "")], &seeded, None).await;
     assert!(
         sessions.iter().all(|ssl| !*ssl),
         "loopback without a mode is plain text, got {sessions:?}"
@@ -309,7 +430,8 @@ async fn plain_text_to_a_host_that_is_not_loopback_is_warned_once_each() {
     // Another host, no mode anywhere: the drivers' "prefer", TLS where the server offers it.
     app.settings.database.url = url.clone();
     let seeded = room_events("prefer", 20, 4);
-    let (sessions, relay) = relay_sessions(&app, &name, &[("PGSSLMODE", "")], &seeded).await;
+    let (sessions, relay) =
+        relay_sessions(&app, &name, &[("PGSSLMODE", "")], &seeded, Some(&database)).await;
     assert!(
         sessions.iter().all(|ssl| *ssl),
         "prefer: TLS, got {sessions:?}"
@@ -327,7 +449,8 @@ async fn plain_text_to_a_host_that_is_not_loopback_is_warned_once_each() {
     // sslmode=disable, the operator's explicit choice: kept, and warned of once.
     app.settings.database.url = with_param(&url, "sslmode", "disable");
     let seeded = room_events("disabled", 20, 4);
-    let (sessions, relay) = relay_sessions(&app, &name, &[("PGSSLMODE", "")], &seeded).await;
+    let (sessions, relay) =
+        relay_sessions(&app, &name, &[("PGSSLMODE", "")], &seeded, Some(&database)).await;
     assert!(sessions.iter().all(|ssl| !*ssl), "{sessions:?}");
     let warnings = relay.log_lines("the database connection is plain text");
     assert_eq!(warnings.len(), 1, "{warnings:?}");

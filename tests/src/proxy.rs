@@ -29,6 +29,8 @@ struct State {
     accepted: AtomicU64,
     /// Connections refused so far (attempts while down).
     refused: AtomicU64,
+    /// The local ports of the connections it opened to its targets, so far.
+    upstream: Mutex<Vec<u16>>,
 }
 
 impl FaultProxy {
@@ -49,6 +51,7 @@ impl FaultProxy {
             cuts: watch::channel(0).0,
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            upstream: Mutex::new(Vec::new()),
         });
         let accepting = Arc::clone(&state);
         actix_rt::spawn(async move {
@@ -63,6 +66,11 @@ impl FaultProxy {
                 let target = *accepting.target.lock().unwrap_or_else(|e| e.into_inner());
                 actix_rt::spawn(async move {
                     if let Ok(server) = TcpStream::connect(target).await {
+                        if let Ok(local) = server.local_addr() {
+                            let mut upstream =
+                                state.upstream.lock().unwrap_or_else(|e| e.into_inner());
+                            upstream.push(local.port());
+                        }
                         pipe(client, server, state).await;
                     }
                 });
@@ -124,6 +132,17 @@ impl FaultProxy {
     /// Connections accepted so far (reconnections show up here).
     pub fn accepted(&self) -> u64 {
         self.state.accepted.load(Ordering::SeqCst)
+    }
+
+    /// The local ports of the connections it opened to its targets so far: how the
+    /// server tells the proxied clients' sessions from others (`pg_stat_activity`'s
+    /// `client_port`).
+    pub fn upstream_ports(&self) -> Vec<u16> {
+        self.state
+            .upstream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Connections refused so far: each attempt to connect while down.

@@ -396,15 +396,18 @@ impl RelayProcess {
     }
 
     /// SIGTERM, then expects exit code 0 within `deadline`.
-    pub async fn stop(mut self, deadline: Duration) {
+    pub async fn stop(self, deadline: Duration) {
+        self.stop_and_log(deadline).await;
+    }
+
+    /// [`RelayProcess::stop`], and everything it logged, its shutdown lines included.
+    pub async fn stop_and_log(mut self, deadline: Duration) -> String {
         self.signal("TERM");
         let status = self.wait(deadline).await;
-        assert!(
-            status.success(),
-            "exit status {status:?}; log:\n{}",
-            self.log_text()
-        );
+        let log = self.log_text();
+        assert!(status.success(), "exit status {status:?}; log:\n{log}");
         let _ = std::fs::remove_file(&self.log);
+        log
     }
 
     /// What it logged.

@@ -192,6 +192,25 @@ impl PgPair {
         );
     }
 
+    /// Creates `role` on the primary, allowed to log in there from the loopback network
+    /// with `password` only (scram-sha-256, ahead of the trust rules; other roles keep
+    /// trust), and reloads the configuration. The standby is left as it is.
+    pub fn require_password(&self, role: &str, password: &str) {
+        let quoted = password.replace('\'', "''");
+        Self::sql(
+            self.primary,
+            &[
+                "SET password_encryption = 'scram-sha-256'",
+                &format!("CREATE ROLE {role} LOGIN PASSWORD '{quoted}'"),
+            ],
+        );
+        let hba = format!("{}/pg_hba.conf", self.data("primary"));
+        let rules = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+        let rule = format!("host all {role} 127.0.0.0/8 scram-sha-256\n");
+        std::fs::write(&hba, rule + &rules).expect("pg_hba.conf written");
+        Self::sql(self.primary, &["SELECT pg_reload_conf()"]);
+    }
+
     /// Stops the primary (`fast`: its last WAL reaches the standby first).
     pub fn stop_primary(&self) {
         run_as(

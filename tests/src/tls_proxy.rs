@@ -41,12 +41,15 @@ impl TestCa {
         path
     }
 
-    /// A server configuration with a certificate for `localhost` and `127.0.0.1` issued
-    /// by this CA, on the ring provider (the relay's backend).
-    fn server_config(&self) -> ServerConfig {
+    /// A server configuration with a certificate for `names` issued by this CA, on the
+    /// ring provider (the relay's backend).
+    fn server_config(&self, names: &[&str]) -> ServerConfig {
         let key = KeyPair::generate().expect("server key");
-        let params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .expect("server params");
+        let names = names
+            .iter()
+            .map(|name| name.to_string())
+            .collect::<Vec<_>>();
+        let params = CertificateParams::new(names).expect("server params");
         let certificate = params.signed_by(&key, &self.issuer).expect("server cert");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         ServerConfig::builder_with_provider(provider)
@@ -71,10 +74,16 @@ pub struct TlsProxy {
 
 impl TlsProxy {
     /// Starts a proxy to `target` (the test broker's address, [`crate::server_of`]) on the
-    /// current runtime.
+    /// current runtime, its certificate naming `localhost` and `127.0.0.1`.
     pub async fn start(target: SocketAddr) -> Self {
+        Self::start_naming(target, &["localhost", "127.0.0.1"]).await
+    }
+
+    /// [`TlsProxy::start`] with a certificate naming only `names` (DNS names or IP
+    /// addresses).
+    pub async fn start_naming(target: SocketAddr, names: &[&str]) -> Self {
         let ca = TestCa::new("outbox-relay test CA");
-        let acceptor = TlsAcceptor::from(Arc::new(ca.server_config()));
+        let acceptor = TlsAcceptor::from(Arc::new(ca.server_config(names)));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy binds");
         let addr = listener.local_addr().expect("proxy address");
         actix_rt::spawn(async move {
@@ -101,9 +110,14 @@ impl TlsProxy {
     /// The test broker's URL (`OUTBOX_TEST_AMQP_URL`: its user, password and vhost) as
     /// `amqps://…@localhost:PORT/…`, through this proxy (its certificate names localhost).
     pub fn amqps_url(&self) -> String {
+        self.amqps_url_via("localhost")
+    }
+
+    /// [`TlsProxy::amqps_url`] with `host` (a name or an address of this machine) in it.
+    pub fn amqps_url_via(&self, host: &str) -> String {
         let mut url = url::Url::parse(&crate::services::amqp_url()).expect("a URL");
         url.set_scheme("amqps").expect("amqps");
-        url.set_host(Some("localhost")).expect("a host");
+        url.set_host(Some(host)).expect("a host");
         url.set_port(Some(self.addr.port())).expect("a port");
         url.into()
     }

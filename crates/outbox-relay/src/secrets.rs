@@ -159,6 +159,14 @@ pub fn password_setting(
     }
 }
 
+/// What a password put into a URL has percent-encoded: all but letters, digits and
+/// `-._~`, so the drivers decode it to what was given.
+const PASSWORD_ENCODED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// `url` (already validated) with `password` put in (percent-encoded). The URL must name
 /// a user and hold no password of its own: a password in two places is ambiguous.
 pub fn insert_password(
@@ -200,8 +208,11 @@ pub fn insert_password(
             keys.file
         )));
     }
+    // Everything but RFC 3986's unreserved characters encoded: the URL's own encoding
+    // leaves `%` as it is, and the drivers would decode a `%41` in the password to `A`.
+    let encoded = percent_encoding::utf8_percent_encode(password, PASSWORD_ENCODED);
     parsed
-        .set_password(Some(password))
+        .set_password(Some(&encoded.to_string()))
         .map_err(|()| invalid("a URL with a host, since a password is set".into()))?;
     Ok(parsed.into())
 }

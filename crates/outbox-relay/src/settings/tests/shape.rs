@@ -25,6 +25,8 @@ fn passwords_from_the_environment_are_taken_verbatim() {
         "\"Sup3r\"",
         "1e3",
         "-7",
+        "100%41 sure",
+        "p@ss:w/rd?#'é",
     ] {
         let config = load(
             "[amqp]\nurl = \"amqp://relay@mq/%2f\"",
