@@ -3,7 +3,7 @@
 //! the binary's (`tests/e2e/settings.rs`, which includes this file).
 
 /// The settings' sections, as keys in messages start.
-const SECTIONS: [&str; 7] = [
+pub(crate) const SECTIONS: [&str; 7] = [
     "database",
     "amqp",
     "relay",

@@ -513,17 +513,6 @@ fn typed(config: &Config, loaded: &Value) -> Vec<String> {
     failures
 }
 
-/// The settings' sections, as the key paths in messages start.
-const SECTIONS: [&str; 7] = [
-    "database",
-    "amqp",
-    "relay",
-    "log",
-    "metrics",
-    "telemetry",
-    "outboxes",
-];
-
 /// The key paths `message` names: each that starts with a section (`relay.lease`,
 /// `amqp.url[1]`, `log` of `log = 5 is invalid`), the key of `[database.columns]` after
 /// `database: ` (`database: columns.key: …` names `database.columns.key`), and an
@@ -532,7 +521,7 @@ const SECTIONS: [&str; 7] = [
 fn paths_in(message: &str) -> Vec<String> {
     let in_path = |c: char| c.is_alphanumeric() || matches!(c, '_' | '.' | '[' | ']');
     let mut paths = Vec::new();
-    for section in SECTIONS {
+    for section in super::key_named::SECTIONS {
         for (start, _) in message.match_indices(section) {
             let before = message[..start].chars().next_back();
             if !before.is_none_or(|c| c.is_whitespace() || "\"'`,(".contains(c)) {
