@@ -107,10 +107,12 @@ struct Target {
 }
 
 impl Target {
-    /// The node the relay is connected to, once it is connected to one.
+    /// The node the relay is connected to, once it is connected to one and the cluster
+    /// lists no other connection of the relay's (one it left on a node that stopped
+    /// answering closes once that node answers again).
     fn relays_node(&self, cluster: &RabbitCluster) -> usize {
         settled(
-            "the relay is connected to a node of the cluster",
+            "the relay has one connection, to a node of the cluster",
             Duration::from_secs(30),
             || cluster.connected_node(&self.connection_name),
         )

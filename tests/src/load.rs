@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Inserts `per_tick` events (rooms `room-0`…) every `tick` on the test's actix system;
-/// stops when dropped.
+/// stops when dropped (an insert under way still commits) or [`Load::stop`]ped.
 pub struct Load {
     running: Rc<AtomicBool>,
     inserted: Rc<AtomicU64>,
+    task: Option<actix_rt::task::JoinHandle<()>>,
 }
 
 impl Load {
@@ -26,7 +27,7 @@ impl Load {
         let inserted = Rc::new(AtomicU64::new(0));
         let (db, table) = (database.db().clone(), database.table.clone());
         let (going, count) = (Rc::clone(&running), Rc::clone(&inserted));
-        actix_rt::spawn(async move {
+        let task = actix_rt::spawn(async move {
             let mut ticks = tokio::time::interval(tick);
             let mut n = 0_u64;
             while going.load(Ordering::SeqCst) {
@@ -41,7 +42,20 @@ impl Load {
                 n += 1;
             }
         });
-        Self { running, inserted }
+        Self {
+            running,
+            inserted,
+            task: Some(task),
+        }
+    }
+
+    /// Stops inserting, once the insert under way committed: every event it inserted is in
+    /// the table when this returns.
+    pub async fn stop(mut self) {
+        self.running.store(false, Ordering::SeqCst);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
     }
 
     /// Events inserted so far.

@@ -223,9 +223,11 @@ impl RabbitCluster {
         self.nodes.iter().map(RabbitNode::url).collect()
     }
 
-    /// The index of the node where a connection named `connection_name` is open (by the
-    /// port it came in on: `list_connections` lists the whole cluster's), asked of the
-    /// first node that answers.
+    /// The index of the node where the one connection named `connection_name` is open (by
+    /// the port it came in on: `list_connections` lists the whole cluster's), asked of the
+    /// first node that answers. `None` while there is none, or more than one: a connection
+    /// the client left on a node that stopped answering stays listed until that node
+    /// closes it, and the client is then on another node.
     pub fn connected_node(&self, connection_name: &str) -> Option<usize> {
         let listing = self.nodes.iter().find_map(|node| {
             rabbitmqctl_on(
@@ -234,12 +236,11 @@ impl RabbitCluster {
             )
             .ok()
         })?;
-        let port: u16 = (listing.lines())
-            .find(|line| line.contains(connection_name))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()?;
+        let mut named = (listing.lines()).filter(|line| line.contains(connection_name));
+        let (Some(line), None) = (named.next(), named.next()) else {
+            return None;
+        };
+        let port: u16 = line.split_whitespace().next()?.parse().ok()?;
         self.nodes.iter().position(|node| node.amqp_port == port)
     }
 

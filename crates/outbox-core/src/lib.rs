@@ -31,8 +31,8 @@ pub use fields::{ColumnRead, ColumnValue, ExtraColumns, HeaderColumn, ValueKind}
 pub use options::{Ordering, PublishedRows, RelayOptions};
 pub use outcome::{Failure, MarkBatch, OutcomeKind};
 pub use ports::{
-    Backlog, ClaimRequest, Claimed, Confirm, EventPublisher, FailingEvent, InsertFeed, NodeHold,
-    OutboxStats, OutboxStore, PublishError, PurgeTarget, StoreError, TableSize,
+    Backlog, ClaimRequest, Claimed, Confirm, EventPublisher, FailingEvent, Holding, InsertFeed,
+    NodeHold, OutboxStats, OutboxStore, PublishError, PurgeTarget, StoreError, TableSize,
 };
 pub use record::{OutboxRecord, Status};
 pub use retry::{FailureDecision, RetryPolicy, RetryStrategy};

@@ -10,6 +10,8 @@ use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -320,6 +322,28 @@ pub struct NodeHold {
     /// Resolves, with what is known of the other process, if the lock was lost and another
     /// process took the node meanwhile.
     lost: Option<Pin<Box<dyn Future<Output = String> + Send>>>,
+    /// Whether the lock stands right now.
+    holding: Holding,
+}
+
+/// Whether a [`NodeHold`]'s lock stands right now: false from the moment the session
+/// holding it fails until it is taken again, while another process may be taking the node.
+/// Nothing is claimed meanwhile. Always true for a hold that cannot be lost.
+#[derive(Debug, Clone, Default)]
+pub struct Holding(Option<Arc<AtomicBool>>);
+
+impl Holding {
+    /// Follows `flag`, which the hold's keeper sets.
+    pub fn new(flag: Arc<AtomicBool>) -> Self {
+        Self(Some(flag))
+    }
+
+    /// Whether the lock stands.
+    pub fn stands(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|flag| flag.load(AtomicOrdering::SeqCst))
+    }
 }
 
 impl NodeHold {
@@ -331,7 +355,19 @@ impl NodeHold {
         Self {
             guard: Some(guard),
             lost: Some(lost),
+            holding: Holding::default(),
         }
+    }
+
+    /// The same hold, telling through `holding` whether its lock stands.
+    pub fn with_holding(mut self, holding: Holding) -> Self {
+        self.holding = holding;
+        self
+    }
+
+    /// Whether its lock stands right now ([`Holding`]).
+    pub fn holding(&self) -> Holding {
+        self.holding.clone()
     }
 
     /// Whether anything is held.

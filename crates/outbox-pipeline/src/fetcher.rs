@@ -5,7 +5,7 @@ use crate::instruments::ClaimSizes;
 use crate::publisher::{Publish, Unhold};
 use crate::scheduler::Wake;
 use actix::prelude::*;
-use outbox_core::{Backoff, ClaimRequest, OutboxStore};
+use outbox_core::{Backoff, ClaimRequest, Holding, OutboxStore};
 use std::sync::Arc;
 use std::time::Duration;
 // tokio's clock, so unit tests can move it (`tokio::time::pause`).
@@ -122,6 +122,9 @@ pub struct Fetcher {
     /// them), so no claim starts while rows are in flight. A release that fails is retried
     /// with the claim, with backoff. See docs/design/claims.md#releases.
     release_first: Option<Release>,
+    /// Whether this node's lock stands: no claim while it does not (its session failed and
+    /// another process may be taking the node), as the claim would race that process's.
+    holding: Holding,
     /// Between claims while they fail.
     backoff: Backoff,
     /// The last lease renewal failed (its recovery is logged once).
@@ -188,6 +191,7 @@ impl Fetcher {
             stopped: false,
             retry_at: None,
             release_first: Some(Release::EarlierRun),
+            holding: Holding::default(),
             backoff: CLAIM_BACKOFF,
             renewals_failing: false,
             deferred: false,
@@ -196,6 +200,12 @@ impl Fetcher {
             floor: ScanFloor::default(),
             last_claimed: None,
         }
+    }
+
+    /// The same fetcher, claiming only while `holding` says this node's lock stands.
+    pub fn with_holding(mut self, holding: Holding) -> Self {
+        self.holding = holding;
+        self
     }
 }
 
@@ -271,7 +281,8 @@ impl Handler<Tick> for Fetcher {
             0 => 0,
             _ => self.max_in_flight.saturating_sub(self.in_flight),
         };
-        let backing_off = self.retry_at.is_some_and(|at| Instant::now() < at);
+        let backing_off =
+            self.retry_at.is_some_and(|at| Instant::now() < at) || !self.holding.stands();
         let waiting_for_orphans = self.release_first.is_some() && self.in_flight > 0;
         if room == 0 || waiting_for_orphans {
             self.deferred = true;

@@ -49,9 +49,10 @@ pub struct Relay {
     options: RelayOptions,
     /// Wakes the relay on the database's announcements of inserts; see [`Relay::listen`].
     listener: Option<Addr<Listener>>,
-    /// This process's hold on `node_id` for the table: held, never read; dropped with the
-    /// relay, after shutdown cleared its leases.
-    _node: NodeHold,
+    /// This process's hold on `node_id` for the table: dropped with the relay, after
+    /// shutdown cleared its leases; claims and that clearing wait while its lock does not
+    /// stand.
+    node: NodeHold,
     /// Resolves if the hold was lost and another process took the node.
     node_lost: Option<NodeLost>,
     /// The Marker's stall state.
@@ -130,27 +131,30 @@ impl Relay {
                 .start()
             })
             .collect();
-        let fetcher = fetcher_ctx.run(Fetcher::new(
-            &options.outbox,
-            Arc::clone(&store),
-            publishers
-                .iter()
-                .cloned()
-                .map(PublisherHandle::from)
-                .collect(),
-            scheduler_ctx.address().recipient(),
-            ClaimRequest {
-                node_id: options.node_id.clone(),
-                limit: options.batch_size,
-                lease: options.lease,
-                ordering: options.ordering,
-                // Set per claim by the Fetcher, from what is in flight.
-                max_bytes: None,
-                floor: None,
-            },
-            max_in_flight,
-            options.max_inflight_bytes,
-        ));
+        let fetcher = fetcher_ctx.run(
+            Fetcher::new(
+                &options.outbox,
+                Arc::clone(&store),
+                publishers
+                    .iter()
+                    .cloned()
+                    .map(PublisherHandle::from)
+                    .collect(),
+                scheduler_ctx.address().recipient(),
+                ClaimRequest {
+                    node_id: options.node_id.clone(),
+                    limit: options.batch_size,
+                    lease: options.lease,
+                    ordering: options.ordering,
+                    // Set per claim by the Fetcher, from what is in flight.
+                    max_bytes: None,
+                    floor: None,
+                },
+                max_in_flight,
+                options.max_inflight_bytes,
+            )
+            .with_holding(node.holding()),
+        );
         let scheduler = scheduler_ctx.run(Scheduler::new(
             fetcher.clone().recipient(),
             options.poll_interval,
@@ -182,7 +186,7 @@ impl Relay {
             store,
             options,
             listener: None,
-            _node: node,
+            node,
             node_lost,
             stall,
         }
@@ -248,7 +252,13 @@ impl Relay {
         if let Some(stopped) = janitor_stopped {
             let _ = stopped.await;
         }
-        match self.store.release_node(&self.options.node_id).await {
+        // A lock that does not stand may be another process's by now, and the node's leases
+        // with it: they are left to that process, or to expire.
+        let released = match self.node.holding().stands() {
+            true => self.store.release_node(&self.options.node_id).await,
+            false => Ok(0),
+        };
+        match released {
             Ok(0) => {}
             Ok(released) => warn!(
                 outbox = %self.options.outbox,

@@ -23,12 +23,34 @@ use sea_orm::sqlx::{self, Connection as _, Row as _};
 use sea_orm::{DatabaseConnection, DbErr, RuntimeErr};
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-/// How often the lock's connection is checked, and a lost lock taken again.
-const KEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// How long one wait on the lock's session lasts: a statement that sleeps on the server
+/// this long, again and again. It ends at once with an error when the server ends the
+/// session (killed, the server shutting down), so the lock's loss is noticed the moment it
+/// happens. Short, as the server notices a client gone (a crashed process) only between
+/// statements, and frees the lock then.
+const HOLD_WAIT: Duration = Duration::from_millis(250);
+
+/// How long a wait may take beyond [`HOLD_WAIT`] before the session is taken for lost (a
+/// network that drops packets answers nothing, not an error).
+const HOLD_SLACK: Duration = Duration::from_secs(5);
+
+/// How often a session whose waits fail while it still answers (a `statement_timeout`
+/// shorter than [`HOLD_WAIT`]) is checked instead.
+const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Between two tries to take a lost lock again while the database is away.
+const RETAKE_EVERY: Duration = HOLD_WAIT;
+
+/// How long a process starting keeps asking for a lock held by another session before it
+/// is refused: a process that crashed holds its lock until its session's current wait ends
+/// ([`HOLD_WAIT`]), and a successor started at once must not be refused for that.
+const TAKE_GRACE: Duration = Duration::from_secs(1);
 
 /// The lock of one `node_id` on one outbox table, held until dropped.
 #[derive(Debug)]
@@ -36,6 +58,9 @@ pub struct NodeLock {
     held: Held,
     /// Set once another process holds the lock after this one lost it.
     lost: watch::Receiver<Option<String>>,
+    /// Whether the lock stands: false from the moment its session fails until it is
+    /// taken again.
+    stands: Arc<AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -71,6 +96,11 @@ impl NodeLock {
     ) -> Result<Self, Error> {
         let key = Key::new(table, node_id);
         let (tell, lost) = watch::channel(None);
+        let stands = Arc::new(AtomicBool::new(true));
+        let keeper = Keeper {
+            tell,
+            stands: Arc::clone(&stands),
+        };
         let held = match Dialect::of(db) {
             Dialect::Postgres => {
                 let source = postgres::Source {
@@ -82,7 +112,14 @@ impl NodeLock {
                         let (source, key) = (source.clone(), key.clone());
                         async move { postgres::take(&source, &key).await }
                     },
-                    tell,
+                    |mut connection| async move {
+                        let waited = sqlx::query("SELECT pg_sleep($1)")
+                            .bind(HOLD_WAIT.as_secs_f64())
+                            .execute(&mut connection)
+                            .await;
+                        (connection, waited.map(drop))
+                    },
+                    keeper,
                 )
                 .await?
             }
@@ -93,7 +130,14 @@ impl NodeLock {
                         let (pool, key) = (pool.clone(), key.clone());
                         async move { mysql::take(&pool, &key).await }
                     },
-                    tell,
+                    |mut connection| async move {
+                        let waited = sqlx::query("SELECT SLEEP(?)")
+                            .bind(HOLD_WAIT.as_secs_f64())
+                            .execute(&mut connection)
+                            .await;
+                        (connection, waited.map(drop))
+                    },
+                    keeper,
                 )
                 .await?
             }
@@ -109,7 +153,21 @@ impl NodeLock {
                 }
             }
         };
-        Ok(Self { held, lost })
+        Ok(Self { held, lost, stands })
+    }
+
+    /// The number the lock of `node_id` on `table` is known by on the server: the key of
+    /// PostgreSQL's advisory lock (`(classid << 32) | objid` in `pg_locks`), and what the
+    /// `GET_LOCK` name of MySQL/MariaDB is derived from (`outbox-relay/` and the first 40
+    /// characters of `SHA1(CONCAT(DATABASE(), '/', key))`). For finding a lock's holder.
+    pub fn server_key(table: &TableName, node_id: &str) -> i64 {
+        Key::new(table, node_id).hash
+    }
+
+    /// Whether the lock stands right now: false from the moment the session holding it
+    /// fails until it is taken again. A file lock, or nothing held, always stands.
+    pub fn stands(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stands)
     }
 
     /// Waits until another process holds the node after this one lost its lock (its
@@ -187,50 +245,93 @@ fn connecting(error: sqlx::Error) -> Error {
     Error::Database(DbErr::Conn(RuntimeErr::SqlxError(error)))
 }
 
+/// What the keeper of a lock held on a session tells the process.
+struct Keeper {
+    /// Who holds the node, once another process took it.
+    tell: watch::Sender<Option<String>>,
+    /// Whether the lock stands.
+    stands: Arc<AtomicBool>,
+}
+
 /// The lock held on a session of its own: taken once by `take` now, then kept ([`keep`]),
 /// taken again by `take` whenever its connection was lost.
-async fn session<C, T, F>(mut take: T, tell: watch::Sender<Option<String>>) -> Result<Held, Error>
+async fn session<C, T, F, W, V>(mut take: T, wait: W, keeper: Keeper) -> Result<Held, Error>
 where
     C: sqlx::Connection + 'static,
     T: FnMut() -> F + Send + 'static,
     F: std::future::Future<Output = Result<C, Error>> + Send + 'static,
+    W: FnMut(C) -> V + Send + 'static,
+    V: std::future::Future<Output = (C, Result<(), sqlx::Error>)> + Send + 'static,
 {
-    let connection = take().await?;
-    Ok(Held::Session(tokio::spawn(keep(connection, take, tell))))
+    let until = tokio::time::Instant::now() + TAKE_GRACE;
+    let connection = loop {
+        match take().await {
+            Err(Error::NodeTaken(_)) if tokio::time::Instant::now() < until => {
+                tokio::time::sleep(HOLD_WAIT / 2).await;
+            }
+            taken => break taken?,
+        }
+    };
+    Ok(Held::Session(tokio::spawn(keep(
+        connection, take, wait, keeper,
+    ))))
 }
 
-/// Checks the lock's connection every [`KEEP_INTERVAL`]; when it fails, takes the lock again
-/// on a new one. If another process holds it by then, says so through `tell` and logs it.
-async fn keep<C, T, F>(connection: C, mut take: T, tell: watch::Sender<Option<String>>)
+/// Keeps the lock's session busy with `wait` (a statement sleeping on the server), which
+/// ends with an error the moment the session does. Then the lock no longer stands, and is
+/// taken again on a new connection; if another process holds it by then, says so through
+/// the keeper and logs it. While the database does not answer, the lock counts as standing
+/// (claims fail as the retake does) and the retake is tried again every [`RETAKE_EVERY`].
+///
+/// A wait that fails on a session that still answers (a `statement_timeout` shorter than
+/// the wait) is not a loss: the session is then checked every [`CHECK_INTERVAL`] instead.
+async fn keep<C, T, F, W, V>(connection: C, mut take: T, mut wait: W, keeper: Keeper)
 where
     C: sqlx::Connection,
     T: FnMut() -> F,
     F: std::future::Future<Output = Result<C, Error>>,
+    W: FnMut(C) -> V,
+    V: std::future::Future<Output = (C, Result<(), sqlx::Error>)>,
 {
     let mut connection = Some(connection);
-    let mut interval = tokio::time::interval(KEEP_INTERVAL);
-    interval.tick().await;
     loop {
-        interval.tick().await;
-        if let Some(held) = connection.as_mut() {
-            if held.ping().await.is_ok() {
-                continue;
+        if let Some(held) = connection.take() {
+            match tokio::time::timeout(HOLD_WAIT + HOLD_SLACK, wait(held)).await {
+                Ok((held, Ok(()))) => {
+                    connection = Some(held);
+                    continue;
+                }
+                Ok((mut held, Err(_))) => {
+                    if held.ping().await.is_ok() {
+                        connection = Some(held);
+                        tokio::time::sleep(CHECK_INTERVAL).await;
+                        continue;
+                    }
+                }
+                // Silent: dropping it closes it, and the server frees the lock.
+                Err(_) => {}
             }
-            connection = None;
-            warn!("the connection holding this node's lock was lost; taking the lock again");
+            keeper.stands.store(false, Ordering::SeqCst);
+            warn!("the connection holding this node's lock was lost; claims wait until the lock is taken again");
         }
         match take().await {
             Ok(taken) => {
-                info!("this node's lock is held again");
+                keeper.stands.store(true, Ordering::SeqCst);
+                info!("this node's lock is held again; claiming");
                 connection = Some(taken);
             }
             Err(Error::NodeTaken(holder)) => {
                 error!(%holder, "another process took this node's lock while its connection was lost");
-                let _ = tell.send(Some(holder));
+                let _ = keeper.tell.send(Some(holder));
                 return;
             }
-            // The database is away: the claims fail too; try again at the next tick.
-            Err(_) => {}
+            // The database is away. Claims go on, and fail as the lock did, which is how
+            // an outage shows and how a failover finds the next server; no other process
+            // can take the lock meanwhile either. Try again shortly.
+            Err(_) => {
+                keeper.stands.store(true, Ordering::SeqCst);
+                tokio::time::sleep(RETAKE_EVERY).await;
+            }
         }
     }
 }
@@ -342,7 +443,7 @@ mod mysql {
             return Ok(connection);
         }
         let holder = sqlx::query(&format!(
-            "SELECT p.ID AS id, p.HOST AS host, p.TIME AS idle FROM information_schema.PROCESSLIST p \
+            "SELECT CAST(p.ID AS UNSIGNED) AS id, p.HOST AS host, p.TIME AS idle FROM information_schema.PROCESSLIST p \
              WHERE p.ID = IS_USED_LOCK({NAME})"
         ))
         .bind(key.hash.to_string())

@@ -308,7 +308,8 @@ impl SeaOrmStore {
         let session_url = self.session_url.as_deref();
         let lock = crate::NodeLock::take(&self.db, session_url, &self.table, node_id).await?;
         let lost = Box::pin(lock.lost());
-        Ok(NodeHold::new(Box::new(lock), lost))
+        let holding = outbox_core::Holding::new(lock.stands());
+        Ok(NodeHold::new(Box::new(lock), lost).with_holding(holding))
     }
 
     /// How statements read the mapped columns.
