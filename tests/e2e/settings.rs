@@ -14,6 +14,9 @@ mod key_named;
 /// The settings campaign's cases, shared with outbox-relay's in-process campaign.
 #[path = "../../crates/outbox-relay/src/settings/tests/mutations.rs"]
 mod mutations;
+/// What a refused case's messages must name, shared with the in-process campaign.
+#[path = "../../crates/outbox-relay/src/settings/tests/refused.rs"]
+mod refused;
 
 /// Runs the binary on a settings file holding `config` (after a comment: an empty file is
 /// refused).
@@ -287,11 +290,11 @@ fn final_errors(stderr: &str) -> Vec<String> {
 
 /// A sample of the settings campaign through the binary: `check-config` (which asks the
 /// test services, as a deployment's would) exits 0 or 2 within the deadline, never
-/// panics, and every message of an exit 2 names a key; a start that `check-config` refuses
-/// is refused by `run` as well, the same way. `OUTBOX_SETTINGS_BINARY_CASES` sets how many
+/// panics, and every message of an exit 2 names what the case edited, as in process; a
+/// start that `check-config` refuses is refused by `run` as well, the same way. `OUTBOX_SETTINGS_BINARY_CASES` sets how many
 /// cases (50), `OUTBOX_SETTINGS_SEED` the seed.
 #[test]
-fn a_sample_of_mutated_settings_exits_0_or_2_naming_a_key() {
+fn a_sample_of_mutated_settings_exits_0_or_2_naming_the_key_edited() {
     let count = mutations::number_from_env("OUTBOX_SETTINGS_BINARY_CASES", 50) as usize;
     let seed = mutations::number_from_env("OUTBOX_SETTINGS_SEED", mutations::SEED);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -345,6 +348,13 @@ fn a_sample_of_mutated_settings_exits_0_or_2_naming_a_key() {
                 Some(2) => {
                     let errors = final_errors(&stderr(&output));
                     assert!(!errors.is_empty(), "{}", what(command, &output));
+                    let refusal = refused::check_refused(&case, &errors, &path);
+                    assert!(
+                        refusal.failures.is_empty(),
+                        "names nothing the case edited: {:?}\n{}",
+                        refusal.failures,
+                        what(command, &output)
+                    );
                     for error in &errors {
                         let key = key_named::names_a_key(error, &path, &case.env);
                         let key = key.unwrap_or_else(|| {

@@ -2,7 +2,7 @@
 //! ([`super::mutations`]) loaded as the binary's start loads them ([`Config::load`], whose
 //! rejection is exit code 2), each under `catch_unwind`. An accepted start must hold every
 //! value written ([`super::verdict::check_accepted`]); a refused one must name, in each
-//! message, a key the case edited ([`super::verdict::check_refused`]). Every kind of edit
+//! message, a key the case edited ([`super::refused::check_refused`]). Every kind of edit
 //! must be tried, both outcomes must occur, and a file that is no UTF-8 or holds an
 //! unknown key must never be accepted.
 //!
@@ -12,6 +12,7 @@
 
 use super::key_named;
 use super::mutations::{self, number_from_env, Case, Kind, SEED};
+use super::refused;
 use super::verdict::{self, Judged};
 use crate::settings::Config;
 use figment::Jail;
@@ -164,7 +165,7 @@ fn mutated_settings_hold_what_is_written_or_are_refused_naming_the_key() {
             }
             Outcome::Rejected(errors) => {
                 refused += 1;
-                let refusal = verdict::check_refused(case, &errors, FILE);
+                let refusal = refused::check_refused(case, &errors, FILE);
                 any_key += refusal.any_key;
                 failures.extend(refusal.failures.into_iter().map(fail));
                 for error in &errors {

@@ -5,6 +5,7 @@ mod campaign;
 mod key_named;
 mod mutations;
 mod outboxes;
+mod refused;
 mod secrets;
 mod shape;
 mod verdict;
