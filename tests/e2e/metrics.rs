@@ -400,6 +400,41 @@ async fn an_empty_metrics_listen_serves_nothing() {
     app.teardown().await;
 }
 
+/// `outbox_dead_events` shows the dead rows in the table (the alert on dead events left
+/// over reads it), counted at start and then once a minute.
+#[actix_rt::test]
+async fn the_dead_gauge_counts_the_dead_rows_in_the_table() {
+    let events = room_events("deadgauge", 5, 1);
+    let app = TestApp::on(Backend::Postgres)
+        .settings(|settings| {
+            settings.metrics.listen = "127.0.0.1:0".into();
+            settings.log.format = "json".into();
+        })
+        .seeded(&events)
+        .build()
+        .await;
+    app.database
+        .execute("UPDATE {t} SET status = 'dead' WHERE event_id <= 'deadgauge-000001'")
+        .await;
+    let label = format!("outbox=\"{}\"", app.database.table);
+    let relay = RelayProcess::spawn(crate::RELAY, &app.settings);
+    let address = relay.metrics_address().await;
+    eventually(
+        "outbox_dead_events at the table's 2 dead rows",
+        Duration::from_secs(30),
+        || async {
+            sample(
+                &get(address, "/metrics").await.1,
+                "outbox_dead_events",
+                &label,
+            ) == Some(2.0)
+        },
+    )
+    .await;
+    relay.stop(Duration::from_secs(10)).await;
+    app.teardown().await;
+}
+
 #[actix_rt::test]
 async fn the_backlog_counts_pending_rows_only_on_every_backend() {
     for backend in [Backend::Postgres, Backend::Sqlite, Backend::MySql] {
@@ -425,6 +460,12 @@ async fn the_backlog_counts_pending_rows_only_on_every_backend() {
         let stats = database.store.stats().await.expect("stats readable");
         assert_eq!(backlog.pending, 5, "{backend:?}: 10 - 4 published - 1 dead");
         assert_eq!(backlog.pending, stats.pending, "{backend:?}");
+        let dead = database
+            .store
+            .dead_count()
+            .await
+            .expect("dead rows counted");
+        assert_eq!(dead, 1, "{backend:?}: the dead gauge's count");
         let (Some(age), Some(expected)) = (
             backlog.oldest_pending_age_seconds,
             stats.oldest_pending_age_seconds,

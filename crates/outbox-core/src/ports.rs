@@ -303,6 +303,12 @@ pub trait OutboxStore: Send + Sync + 'static {
         })
     }
 
+    /// Rows with `status = 'dead'`: what the `outbox_dead_events` gauge shows. A store
+    /// overrides it with a query of that count alone.
+    async fn dead_count(&self) -> Result<u64, StoreError> {
+        Ok(self.stats().await?.dead)
+    }
+
     /// Deletes at most `limit` rows of `target` older than `older_than`, in one short
     /// statement, and returns how many. One call never deletes more than `limit` rows, so
     /// its locks last milliseconds; callers repeat while a call deletes `limit` rows.

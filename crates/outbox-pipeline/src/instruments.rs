@@ -20,6 +20,8 @@ pub const EVENTS_FAILED: &str = "outbox_events_failed_total";
 pub const EVENTS_DEAD: &str = "outbox_events_dead_total";
 /// Gauge: pending rows in the table (every node's).
 pub const PENDING_EVENTS: &str = "outbox_pending_events";
+/// Gauge: dead rows in the table (every node's), sampled once a minute.
+pub const DEAD_EVENTS: &str = "outbox_dead_events";
 /// Gauge: age of the oldest pending row; 0 when none is pending.
 pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
 /// Histogram: a publish's hand-off to the broker's ack, in seconds.
@@ -74,6 +76,11 @@ pub fn describe() {
         PENDING_EVENTS,
         Unit::Count,
         "Pending rows in the outbox table, all nodes' (sampled every few seconds)."
+    );
+    describe_gauge!(
+        DEAD_EVENTS,
+        Unit::Count,
+        "Dead rows in the outbox table, all nodes' (sampled every minute): events that go out only once requeued."
     );
     describe_gauge!(
         OLDEST_PENDING_AGE,

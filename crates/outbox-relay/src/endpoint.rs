@@ -42,6 +42,9 @@ use tracing::{info, warn};
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Backlog query (gauges and database readiness) cadence while the database answers.
 const BACKLOG_EVERY: Duration = Duration::from_secs(5);
+/// Dead-row count cadence: the count reads a range of an index as long as the dead rows
+/// are many, so it is taken less often than the backlog.
+const DEAD_EVERY: Duration = Duration::from_secs(60);
 /// A backlog query that takes longer counts as a database failure.
 const BACKLOG_TIMEOUT: Duration = Duration::from_secs(3);
 /// Histogram samples wait in the recorder until drained into their buckets, by a scrape
@@ -146,6 +149,7 @@ struct Watched<'a, S> {
     store: &'a S,
     pending: metrics::Gauge,
     oldest: metrics::Gauge,
+    dead: metrics::Gauge,
     /// `outbox_max_pending_age_exceeded`, when `relay.max_pending_age` is on.
     exceeded: Option<metrics::Gauge>,
     /// At the last look, the oldest pending row was older than `relay.max_pending_age`.
@@ -300,7 +304,7 @@ impl Endpoint {
     /// second (lapin's status flag while connected, a reconnect within the link's backoff
     /// while not, so an idle relay is ready again soon); each outbox's database by the
     /// gauges' backlog query (labelled `outbox`) every 5 s, every second while one fails or
-    /// takes over 3 s. `stores` are the outboxes by name. With `max_pending_age`, the
+    /// takes over 3 s, and its dead rows every minute. `stores` are the outboxes by name. With `max_pending_age`, the
     /// same query checks each outbox's oldest pending row against it: a breach is logged
     /// once when it begins and once when it ends, shown by
     /// `outbox_max_pending_age_exceeded`, and makes the node unready if `readiness` says
@@ -322,6 +326,7 @@ impl Endpoint {
                     store: *store,
                     pending: metrics::gauge!(instruments::PENDING_EVENTS, "outbox" => label()),
                     oldest: metrics::gauge!(instruments::OLDEST_PENDING_AGE, "outbox" => label()),
+                    dead: metrics::gauge!(instruments::DEAD_EVENTS, "outbox" => label()),
                     exceeded: max_pending_age.map(|bound| {
                         metrics::gauge!(instruments::MAX_PENDING_AGE, "outbox" => label())
                             .set(bound.age.as_secs_f64());
@@ -338,6 +343,7 @@ impl Endpoint {
             .map(|dependency| metrics::gauge!(instruments::UP, "dependency" => dependency));
         let broker_blocked = metrics::gauge!(instruments::BROKER_BLOCKED);
         let mut backlog_due = Instant::now();
+        let mut dead_due = Instant::now();
         // Readiness as last logged: a change is logged once (the links log the details of
         // their own losses and recoveries).
         let mut logged = Some(String::from("starting"));
@@ -370,6 +376,16 @@ impl Endpoint {
                         // A breach stays as last seen while the database does not answer.
                         Ok(Err(_)) | Err(_) => usable = false,
                     }
+                }
+                if usable && Instant::now() >= dead_due {
+                    for outbox in &watched {
+                        let dead =
+                            tokio::time::timeout(BACKLOG_TIMEOUT, outbox.store.dead_count()).await;
+                        if let Ok(Ok(dead)) = dead {
+                            outbox.dead.set(dead as f64);
+                        }
+                    }
+                    dead_due = Instant::now() + DEAD_EVERY;
                 }
                 if let Some(bound) = max_pending_age.filter(|bound| bound.readiness) {
                     let late: Vec<&str> = watched
@@ -563,6 +579,7 @@ mod tests {
             store: &(),
             pending: metrics::Gauge::noop(),
             oldest: metrics::Gauge::noop(),
+            dead: metrics::Gauge::noop(),
             exceeded: None,
             late: false,
         };

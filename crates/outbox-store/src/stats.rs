@@ -282,6 +282,14 @@ impl SeaOrmStore {
     }
 }
 
+impl SeaOrmStore {
+    /// Rows with `status = 'dead'`: a range of the `(status, published_at)` index, so it
+    /// costs what the dead rows number, not the table.
+    pub(crate) async fn read_dead_count(&self) -> Result<u64, DbErr> {
+        self.count_status(DEAD).await
+    }
+}
+
 fn age_seconds(now: DateTime<Utc>, oldest: Option<DateTime<Utc>>) -> Option<f64> {
     oldest.map(|at| ((now - at).num_milliseconds().max(0) as f64) / 1000.0)
 }

@@ -459,6 +459,12 @@ impl OutboxStore for SeaOrmStore {
             .map_err(|error| self.failed(error))
     }
 
+    async fn dead_count(&self) -> Result<u64, StoreError> {
+        self.read_dead_count()
+            .await
+            .map_err(|error| self.failed(error))
+    }
+
     async fn purge(
         &self,
         target: PurgeTarget,
