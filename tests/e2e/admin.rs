@@ -180,13 +180,19 @@ async fn a_viewer_reads_and_an_operator_requeues(backend: Backend) {
     // No token, a wrong one: 401 asking for a bearer token, logged without the token.
     let none = get("/api/v1/outboxes".into(), None).await;
     assert_eq!(none.status, 401, "{}", none.body);
-    assert_eq!(none.headers.get("www-authenticate").map(String::as_str), Some("Bearer"));
+    assert_eq!(
+        none.headers.get("www-authenticate").map(String::as_str),
+        Some("Bearer")
+    );
     let wrong = get("/api/v1/outboxes".into(), Some("not-a-token-we-know")).await;
     assert_eq!(wrong.status, 401);
     assert!(wrong.json()["error"].is_string(), "{}", wrong.body);
     let log = relay.log_text();
     assert!(log.contains("admin API: authentication failed"), "{log}");
-    assert!(!log.contains("not-a-token-we-know"), "the token is never logged");
+    assert!(
+        !log.contains("not-a-token-we-know"),
+        "the token is never logged"
+    );
 
     // A viewer lists the outboxes, with every answer's security headers.
     let listed = get("/api/v1/outboxes".into(), Some(VIEWER)).await;
@@ -200,7 +206,11 @@ async fn a_viewer_reads_and_an_operator_requeues(backend: Backend) {
         ),
         ("referrer-policy", "no-referrer"),
     ] {
-        assert_eq!(listed.headers.get(name).map(String::as_str), Some(value), "{name}");
+        assert_eq!(
+            listed.headers.get(name).map(String::as_str),
+            Some(value),
+            "{name}"
+        );
         assert!(none.headers.contains_key(name), "{name} on a refusal too");
     }
     let outboxes = listed.json()["outboxes"].clone();
@@ -228,24 +238,37 @@ async fn a_viewer_reads_and_an_operator_requeues(backend: Backend) {
         .json();
     assert_eq!(ids(&second), ["x1"], "{second}");
     assert_eq!(second["next_cursor"], Value::Null);
-    let by_type = get(format!("{dead}?event_type=order.*"), Some(VIEWER)).await.json();
+    let by_type = get(format!("{dead}?event_type=order.*"), Some(VIEWER))
+        .await
+        .json();
     assert_eq!(ids(&by_type), ["o1", "o2"], "{by_type}");
 
     // One event in full.
     let id = first["items"][0]["id"].as_i64().expect("an id");
-    let one = get(format!("/api/v1/outboxes/{outbox}/events/{id}"), Some(VIEWER)).await;
+    let one = get(
+        format!("/api/v1/outboxes/{outbox}/events/{id}"),
+        Some(VIEWER),
+    )
+    .await;
     assert_eq!(one.status, 200, "{}", one.body);
     let one = one.json();
     assert_eq!(one["status"], json!("dead"), "{one}");
     assert_eq!(one["envelope"], json!(r#"{"id":"o1"}"#), "{one}");
-    assert!(one["last_error"].as_str().is_some_and(|e| !e.is_empty()), "{one}");
+    assert!(
+        one["last_error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{one}"
+    );
 
     // Bad parameters name themselves; an unknown outbox is 404.
     for query in ["limit=0", "limit=501", "limit=ten", "cursor=x", "room=a"] {
         let bad = get(format!("{dead}?{query}"), Some(VIEWER)).await;
         assert_eq!(bad.status, 400, "{query}: {}", bad.body);
         let name = query.split('=').next().unwrap();
-        assert!(bad.json()["error"].as_str().unwrap().contains(name), "{}", bad.body);
+        assert!(
+            bad.json()["error"].as_str().unwrap().contains(name),
+            "{}",
+            bad.body
+        );
     }
     let unknown = get("/api/v1/outboxes/nope/dead".into(), Some(VIEWER)).await;
     assert_eq!(unknown.status, 404, "{}", unknown.body);
@@ -300,3 +323,57 @@ async fn a_viewer_reads_and_an_operator_requeues(backend: Backend) {
 }
 
 per_backend!(a_viewer_reads_and_an_operator_requeues: postgres, sqlite, mariadb);
+
+#[actix_rt::test]
+async fn enabled_without_a_usable_tokens_file_check_config_and_run_exit_2_naming_it() {
+    // Refused before anything connects: the defaults name no server the test needs.
+    let mut settings = outbox_relay::settings::Settings::default();
+    settings.admin.enabled = true;
+    for args in [&["check-config", "--offline"][..], &["run"]] {
+        let output = outbox_tests::run_binary(crate::RELAY, &settings, args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        let error = outbox_tests::output::stderr(&output);
+        assert!(error.contains("admin.tokens_file"), "{args:?}: {error}");
+    }
+    let path = std::env::temp_dir().join(unique_name("admin-tokens-bad"));
+    std::fs::write(&path, "# tokens\n\nalice:root:sha256:00\n").expect("written");
+    settings.admin.tokens_file = path.display().to_string();
+    let output = outbox_tests::run_binary(crate::RELAY, &settings, &["check-config", "--offline"]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let error = outbox_tests::output::stderr(&output);
+    assert!(
+        error.contains(&path.display().to_string()) && error.contains("line 3"),
+        "{error}"
+    );
+}
+
+#[actix_rt::test]
+async fn admin_token_prints_a_token_and_the_line_that_admits_it() {
+    let settings = outbox_relay::settings::Settings::default();
+    let output = outbox_tests::run_binary(
+        crate::RELAY,
+        &settings,
+        &["admin-token", "--name", "ops", "--role", "operator"],
+    );
+    let text = outbox_tests::output::succeeded("admin-token", &output);
+    let token = text
+        .lines()
+        .find_map(|line| line.strip_prefix("token: "))
+        .expect("a token line");
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix("line for admin.tokens_file: "))
+        .expect("a file line");
+    assert_eq!(token.len(), 64, "{text}");
+    let tokens = outbox_relay::admin::Tokens::parse(line).expect("the line parses");
+    let admitted = tokens.find(token).expect("the token is admitted");
+    assert_eq!(
+        (admitted.name.as_str(), admitted.role),
+        ("ops", Role::Operator)
+    );
+    assert!(
+        !line.contains(token),
+        "the line holds the hash, not the token"
+    );
+}

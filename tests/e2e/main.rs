@@ -1,15 +1,15 @@
 //! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary. Each test
 //! sets itself up with `outbox_tests::TestApp` (a table, an exchange, settings, a relay).
 
-/// Adopting a live table online: `migrate` waiting out a long transaction without holding
-/// up inserts, numbering rows while a producer inserts, `--dry-run`'s `-- locks:` lines;
-/// the `worker` log field naming the outbox.
-mod adoption;
 /// The admin API (`[admin]`) of the real binary: nothing listens unless enabled; tokens,
 /// roles and refused attempts (401, 403, 429, logged without the token); outboxes, dead
 /// events by page and one event, a dry run and a requeue delivered, on every backend; the
 /// security headers and 400s naming the parameter.
 mod admin;
+/// Adopting a live table online: `migrate` waiting out a long transaction without holding
+/// up inserts, numbering rows while a producer inserts, `--dry-run`'s `-- locks:` lines;
+/// the `worker` log field naming the outbox.
+mod adoption;
 /// The broker's refusals: a full queue's nacks deferred and never dead, an event over the
 /// broker's `max_message_size` dead at once while the other rooms go on, a storm of
 /// failing publishes said in a few lines.

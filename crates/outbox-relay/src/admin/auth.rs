@@ -73,24 +73,59 @@ impl Limiter {
     }
 }
 
-/// The caller's token if it may do what `needed` allows, else the response refusing it:
-/// 401 (no or unknown token, with `WWW-Authenticate: Bearer`), 403 (a viewer asking for
-/// an action), 429 (too many failures from its address).
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// No token, or one the file does not hold: 401.
+    Unauthenticated,
+    /// A viewer asking for an action: 403.
+    Forbidden,
+    /// Too many failed attempts from the client's address: 429.
+    TooManyFailures,
+}
+
+impl Refused {
+    /// The answer: a JSON error, and `WWW-Authenticate: Bearer` with a 401.
+    pub fn response(self) -> HttpResponse {
+        match self {
+            Refused::Unauthenticated => {
+                let mut response = super::routes::error(
+                    HttpResponse::Unauthorized(),
+                    "a valid token is required: Authorization: Bearer <token>",
+                );
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Bearer"),
+                );
+                response
+            }
+            Refused::Forbidden => super::routes::error(
+                HttpResponse::Forbidden(),
+                "this token's role is viewer; the action needs an operator token",
+            ),
+            Refused::TooManyFailures => super::routes::error(
+                HttpResponse::TooManyRequests(),
+                "too many failed attempts from this address; try again later",
+            ),
+        }
+    }
+}
+
+/// The caller's token if it may do what `needed` allows, else why not: no or an unknown
+/// token (logged with the client's address, never what it presented), a viewer asking for
+/// an action, or too many failures from its address.
 pub fn authorize<'a>(
     request: &HttpRequest,
     tokens: &'a Tokens,
     limiter: &Limiter,
     needed: Role,
-) -> Result<&'a Token, HttpResponse> {
+) -> Result<&'a Token, Refused> {
     let address = request.peer_addr().map(|address| address.ip());
     let now = Instant::now();
     if let Some(address) = address {
         if limiter.refused(address, now) {
             warn!(client = %address, "admin API: refused, too many failed attempts");
-            return Err(super::routes::error(
-                HttpResponse::TooManyRequests(),
-                "too many failed attempts from this address; try again later",
-            ));
+            return Err(Refused::TooManyFailures);
         }
     }
     let presented = request
@@ -101,7 +136,6 @@ pub fn authorize<'a>(
         .map(str::trim);
     let token = presented.and_then(|presented| tokens.find(presented));
     let Some(token) = token else {
-        // The client's address, never what it presented.
         let client = address.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
         warn!(
             %client,
@@ -111,21 +145,10 @@ pub fn authorize<'a>(
         if let Some(address) = address {
             limiter.fail(address, now);
         }
-        let mut response = super::routes::error(
-            HttpResponse::Unauthorized(),
-            "a valid token is required: Authorization: Bearer <token>",
-        );
-        response.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        return Err(response);
+        return Err(Refused::Unauthenticated);
     };
     if needed == Role::Operator && token.role != Role::Operator {
-        return Err(super::routes::error(
-            HttpResponse::Forbidden(),
-            "this token's role is viewer; the action needs an operator token",
-        ));
+        return Err(Refused::Forbidden);
     }
     Ok(token)
 }
@@ -145,7 +168,13 @@ mod tests {
         assert!(!limiter.refused(address, start));
         limiter.fail(address, start);
         assert!(limiter.refused(address, start));
-        assert!(!limiter.refused([10, 0, 0, 2].into(), start), "others are not");
-        assert!(!limiter.refused(address, start + WINDOW), "for one window only");
+        assert!(
+            !limiter.refused([10, 0, 0, 2].into(), start),
+            "others are not"
+        );
+        assert!(
+            !limiter.refused(address, start + WINDOW),
+            "for one window only"
+        );
     }
 }

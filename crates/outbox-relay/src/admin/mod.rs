@@ -59,7 +59,9 @@ struct Shared {
 impl Shared {
     /// The outbox named `name`.
     fn outbox(&self, name: &str) -> Option<&OpenOutbox> {
-        self.outboxes.iter().find(|outbox| outbox.config.name == name)
+        self.outboxes
+            .iter()
+            .find(|outbox| outbox.config.name == name)
     }
 
     /// Runs `work` on the relay's thread and waits for its result; `None` when that thread

@@ -20,7 +20,10 @@ pub(super) fn configure(config: &mut web::ServiceConfig) {
     config
         .route("/api/v1/outboxes", web::get().to(outboxes))
         .route("/api/v1/outboxes/{outbox}/dead", web::get().to(dead))
-        .route("/api/v1/outboxes/{outbox}/events/{id}", web::get().to(event))
+        .route(
+            "/api/v1/outboxes/{outbox}/events/{id}",
+            web::get().to(event),
+        )
         .route("/api/v1/outboxes/{outbox}/requeue", web::post().to(requeue))
         .default_service(web::to(|| async {
             error(HttpResponse::NotFound(), "no such endpoint")
@@ -57,7 +60,7 @@ fn unknown_outbox(name: &str) -> HttpResponse {
 /// `GET /api/v1/outboxes`: each outbox's backlog, dead events and top failures.
 async fn outboxes(request: HttpRequest, shared: web::Data<Shared>) -> HttpResponse {
     if let Err(refused) = authorize(&request, &shared.tokens, &shared.limiter, Role::Viewer) {
-        return refused;
+        return refused.response();
     }
     let mut each = Vec::new();
     for outbox in &shared.outboxes {
@@ -95,7 +98,11 @@ fn dead_query(query: &HashMap<String, String>) -> Result<(DeadFilter, u64, Optio
         None => DEFAULT_LIMIT,
         Some(text) => match text.parse::<u64>() {
             Ok(limit) if (1..=MAX_LIMIT).contains(&limit) => limit,
-            _ => return Err(format!("limit: {text:?} is not a whole number from 1 to {MAX_LIMIT}")),
+            _ => {
+                return Err(format!(
+                    "limit: {text:?} is not a whole number from 1 to {MAX_LIMIT}"
+                ))
+            }
         },
     };
     let cursor = match query.get("cursor") {
@@ -135,7 +142,7 @@ async fn dead(
     query: web::Query<HashMap<String, String>>,
 ) -> HttpResponse {
     if let Err(refused) = authorize(&request, &shared.tokens, &shared.limiter, Role::Viewer) {
-        return refused;
+        return refused.response();
     }
     let name = path.into_inner();
     let Some(outbox) = shared.outbox(&name) else {
@@ -147,7 +154,11 @@ async fn dead(
     };
     let store = outbox.store.clone();
     // One more than the page: whether another follows.
-    let work = async move { store.dead_events_after(&filter, cursor, Some(limit + 1)).await };
+    let work = async move {
+        store
+            .dead_events_after(&filter, cursor, Some(limit + 1))
+            .await
+    };
     let mut events = match shared.on_relay(work).await {
         Some(Ok(events)) => events,
         Some(Err(why)) => return failed(&name, why),
@@ -189,7 +200,7 @@ async fn event(
     path: web::Path<(String, String)>,
 ) -> HttpResponse {
     if let Err(refused) = authorize(&request, &shared.tokens, &shared.limiter, Role::Viewer) {
-        return refused;
+        return refused.response();
     }
     let (name, id) = path.into_inner();
     let Some(outbox) = shared.outbox(&name) else {
@@ -254,7 +265,7 @@ async fn requeue(
 ) -> HttpResponse {
     let token = match authorize(&request, &shared.tokens, &shared.limiter, Role::Operator) {
         Ok(token) => token,
-        Err(refused) => return refused,
+        Err(refused) => return refused.response(),
     };
     let name = path.into_inner();
     let Some(outbox) = shared.outbox(&name) else {
@@ -296,7 +307,11 @@ async fn requeue(
         Some(Err(why)) => return failed(&name, why),
         None => return stopping(),
     };
-    let action = if dry_run { "requeue_dry_run" } else { "requeue" };
+    let action = if dry_run {
+        "requeue_dry_run"
+    } else {
+        "requeue"
+    };
     info!(
         admin_token = %token.name,
         action,
@@ -330,11 +345,21 @@ mod tests {
         assert_eq!((limit, cursor), (DEFAULT_LIMIT, None));
         let (filter, limit, cursor) =
             dead_query(&query(&[("limit", "500"), ("cursor", "7"), ("key", "r")])).unwrap();
-        assert_eq!((limit, cursor, filter.key.as_deref()), (500, Some(7), Some("r")));
-        for (name, value) in [("limit", "0"), ("limit", "501"), ("limit", "x"), ("cursor", "x")] {
+        assert_eq!(
+            (limit, cursor, filter.key.as_deref()),
+            (500, Some(7), Some("r"))
+        );
+        for (name, value) in [
+            ("limit", "0"),
+            ("limit", "501"),
+            ("limit", "x"),
+            ("cursor", "x"),
+        ] {
             let why = dead_query(&query(&[(name, value)])).unwrap_err();
             assert!(why.starts_with(name), "{why}");
         }
-        assert!(dead_query(&query(&[("room", "r")])).unwrap_err().contains("room"));
+        assert!(dead_query(&query(&[("room", "r")]))
+            .unwrap_err()
+            .contains("room"));
     }
 }

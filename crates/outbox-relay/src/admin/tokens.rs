@@ -135,7 +135,8 @@ fn parse_line(line: &str) -> Result<Token, String> {
     if *algorithm != "sha256" {
         return Err(format!("unknown hash algorithm; {LINE_FORM}"));
     }
-    let hash = decode_hash(hex).ok_or_else(|| format!("the hash is not 64 hex digits; {LINE_FORM}"))?;
+    let hash =
+        decode_hash(hex).ok_or_else(|| format!("the hash is not 64 hex digits; {LINE_FORM}"))?;
     Ok(Token {
         name: (*name).to_owned(),
         role,
@@ -187,7 +188,10 @@ mod tests {
         );
         let tokens = Tokens::parse(&text).unwrap();
         assert_eq!(tokens.len(), 2);
-        assert_eq!(tokens.find("secret-a").map(|t| t.name.as_str()), Some("alice"));
+        assert_eq!(
+            tokens.find("secret-a").map(|t| t.name.as_str()),
+            Some("alice")
+        );
         assert_eq!(tokens.find("secret-b").map(|t| t.role), Some(Role::Viewer));
         assert!(tokens.find("secret-c").is_none());
         assert!(tokens.find("").is_none());
@@ -202,7 +206,10 @@ mod tests {
             (format!("a:viewer:md5:{hash}"), "algorithm"),
             ("a:viewer:sha256:abc".to_owned(), "64 hex"),
             (format!(":viewer:sha256:{hash}"), "name"),
-            (format!("a:viewer:sha256:{hash}\na:operator:sha256:{hash}"), "twice"),
+            (
+                format!("a:viewer:sha256:{hash}\na:operator:sha256:{hash}"),
+                "twice",
+            ),
         ] {
             let error = Tokens::parse(&text).unwrap_err();
             assert!(error.contains(says), "{text}: {error}");

@@ -13,9 +13,8 @@ pub fn admin_token(args: AdminTokenArgs) -> anyhow::Result<()> {
     let token = tokens::new_token().context("cannot read randomness from the system")?;
     let line = tokens::line(&args.name, role, &token);
     // The line parses as the file would hold it: a bad name is refused here, not at start.
-    tokens::Tokens::parse(&line).map_err(|why| {
-        crate::startup::ConfigProblem(format!("--name {:?}: {why}", args.name))
-    })?;
+    tokens::Tokens::parse(&line)
+        .map_err(|why| crate::startup::ConfigProblem(format!("--name {:?}: {why}", args.name)))?;
     say!("token: {token}")?;
     say!("line for admin.tokens_file: {line}")?;
     Ok(())

@@ -29,14 +29,16 @@ mod wording;
 #[cfg(test)]
 mod tests;
 
-pub use config::{AdminConfig, Config, DatabaseConfig, LogConfig, LogFormat, MaxPendingAge, OutboxConfig};
+pub use config::{
+    AdminConfig, Config, DatabaseConfig, LogConfig, LogFormat, MaxPendingAge, OutboxConfig,
+};
 pub use environment::ENV_PREFIX;
 pub use field::{Field, Span};
 pub use load::Rejected;
 pub use shape::{
-    AdminSettings, AmqpSection, ColumnsSettings, DatabaseSettings, HeaderColumnSettings, LogSettings,
-    MetricsSettings, OutboxColumnsSettings, OutboxSettings, RelaySettings, RouteSettings, Settings,
-    TelemetrySettings,
+    AdminSettings, AmqpSection, ColumnsSettings, DatabaseSettings, HeaderColumnSettings,
+    LogSettings, MetricsSettings, OutboxColumnsSettings, OutboxSettings, RelaySettings,
+    RouteSettings, Settings, TelemetrySettings,
 };
 pub use validate::default_node_id;
 

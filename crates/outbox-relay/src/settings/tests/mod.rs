@@ -778,7 +778,10 @@ impl Drop for TokensFile {
 #[test]
 fn the_admin_api_is_off_by_default_and_its_keys_are_then_inert() {
     assert!(load("", &[]).unwrap().admin.is_none());
-    let config = load("[admin]\nlisten = \"nowhere\"\ntokens_file = \"/nonexistent\"", &[]);
+    let config = load(
+        "[admin]\nlisten = \"nowhere\"\ntokens_file = \"/nonexistent\"",
+        &[],
+    );
     assert!(config.unwrap().admin.is_none());
 }
 
@@ -815,7 +818,10 @@ fn the_admin_api_enabled_with_good_tokens_listens_where_told() {
     let config = load(&format!("{}\nlisten = \"127.0.0.1:0\"", file.toml()), &[]).unwrap();
     let admin = config.admin.expect("enabled");
     assert_eq!(admin.listen.port(), 0);
-    assert_eq!(admin.tokens.find("t").map(|t| t.name.as_str()), Some("alice"));
+    assert_eq!(
+        admin.tokens.find("t").map(|t| t.name.as_str()),
+        Some("alice")
+    );
     let error = load(&format!("{}\nlisten = \"\"", file.toml()), &[]).unwrap_err();
     assert!(error.contains("admin.listen"), "{error}");
 }
