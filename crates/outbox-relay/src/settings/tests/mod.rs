@@ -825,3 +825,18 @@ fn the_admin_api_enabled_with_good_tokens_listens_where_told() {
     let error = load(&format!("{}\nlisten = \"\"", file.toml()), &[]).unwrap_err();
     assert!(error.contains("admin.listen"), "{error}");
 }
+
+#[test]
+fn a_tokens_file_others_may_read_is_warned_of() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let line = crate::admin::tokens::line("alice", crate::admin::Role::Viewer, "t");
+    let file = TokensFile::new(&format!("{line}\n# readable\n"));
+    std::fs::set_permissions(&file.0, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let warnings = load(&file.toml(), &[]).unwrap().warnings.join("\n");
+    assert!(
+        warnings.contains("tokens file") && warnings.contains("admin.tokens_file"),
+        "{warnings}"
+    );
+    std::fs::set_permissions(&file.0, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(load(&file.toml(), &[]).unwrap().warnings.is_empty());
+}
