@@ -154,7 +154,7 @@ async fn a_viewer_reads_and_an_operator_requeues(backend: Backend) {
         .settings(|settings| {
             settings.relay.max_attempts = 1;
             settings.log.format = "json".into();
-            settings.metrics.listen = "".into();
+            settings.metrics.listen = "127.0.0.1:0".into();
             settings.admin.enabled = true;
             settings.admin.listen = "127.0.0.1:0".into();
             settings.admin.tokens_file = tokens.0.display().to_string();
@@ -310,6 +310,22 @@ async fn a_viewer_reads_and_an_operator_requeues(backend: Backend) {
         field("selection").is_some_and(|s| s.as_str().unwrap().contains("order.*")),
         "{last}"
     );
+
+    // Each action counted on /metrics, the dry run apart.
+    let metrics = outbox_tests::http_get(relay.metrics_address().await, "/metrics")
+        .await
+        .1;
+    for action in ["requeue", "requeue_dry_run"] {
+        let label = format!("action=\"{action}\"");
+        assert!(
+            metrics
+                .lines()
+                .any(|line| line.starts_with("outbox_admin_actions_total{")
+                    && line.contains(&label)
+                    && line.ends_with(" 1")),
+            "{action}:\n{metrics}"
+        );
+    }
 
     // Failed attempts from one address: refused with 429 after 10, the right token too.
     for _ in 0..10 {

@@ -4,7 +4,8 @@
 /// The admin API (`[admin]`) of the real binary: nothing listens unless enabled; tokens,
 /// roles and refused attempts (401, 403, 429, logged without the token); outboxes, dead
 /// events by page and one event, a dry run and a requeue delivered, on every backend; the
-/// security headers and 400s naming the parameter.
+/// security headers, 400s naming the parameter, each action counted on `/metrics`; the
+/// tokens file refused at start; `admin-token`.
 mod admin;
 /// Adopting a live table online: `migrate` waiting out a long transaction without holding
 /// up inserts, numbering rows while a producer inserts, `--dry-run`'s `-- locks:` lines;
