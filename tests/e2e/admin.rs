@@ -238,6 +238,18 @@ async fn a_viewer_reads_and_an_operator_requeues(backend: Backend) {
         .json();
     assert_eq!(ids(&second), ["x1"], "{second}");
     assert_eq!(second["next_cursor"], Value::Null);
+    let newest = get(format!("{dead}?order=newest&limit=2"), Some(VIEWER))
+        .await
+        .json();
+    assert_eq!(ids(&newest), ["x1", "o2"], "{newest}");
+    let cursor = newest["next_cursor"].as_str().expect("a cursor").to_owned();
+    let older = get(
+        format!("{dead}?order=newest&limit=2&cursor={cursor}"),
+        Some(VIEWER),
+    )
+    .await
+    .json();
+    assert_eq!(ids(&older), ["o1"], "{older}");
     let by_type = get(format!("{dead}?event_type=order.*"), Some(VIEWER))
         .await
         .json();
@@ -260,7 +272,14 @@ async fn a_viewer_reads_and_an_operator_requeues(backend: Backend) {
     );
 
     // Bad parameters name themselves; an unknown outbox is 404.
-    for query in ["limit=0", "limit=501", "limit=ten", "cursor=x", "room=a"] {
+    for query in [
+        "limit=0",
+        "limit=501",
+        "limit=ten",
+        "cursor=x",
+        "order=up",
+        "room=a",
+    ] {
         let bad = get(format!("{dead}?{query}"), Some(VIEWER)).await;
         assert_eq!(bad.status, 400, "{query}: {}", bad.body);
         let name = query.split('=').next().unwrap();

@@ -165,6 +165,16 @@ impl DeadFilter {
     }
 }
 
+/// The order of a dead listing, by position (`columns.position`: insertion order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeadOrder {
+    /// Lowest position first: the oldest events first.
+    #[default]
+    Oldest,
+    /// Highest position first: the newest events first.
+    Newest,
+}
+
 /// Rows read per query while looking for dead events a pattern matches, and rows requeued
 /// per statement by position.
 const PAGE: usize = 500;
@@ -176,15 +186,17 @@ impl SeaOrmStore {
         filter: &DeadFilter,
         limit: Option<u64>,
     ) -> Result<Vec<DeadEvent>, Error> {
-        self.dead_events_after(filter, None, limit).await
+        self.dead_events_after(filter, DeadOrder::Oldest, None, limit)
+            .await
     }
 
-    /// Dead events matching `filter` after position `after` (`None`: from the first),
-    /// oldest first; at most `limit` of them (`None`: all). A page of a listing that
-    /// resumes after the last position the previous page showed.
+    /// Dead events matching `filter` in `order`, past position `after` in that order
+    /// (`None`: from the start); at most `limit` of them (`None`: all). A page of a
+    /// listing that resumes after the last position the previous page showed.
     pub async fn dead_events_after(
         &self,
         filter: &DeadFilter,
+        order: DeadOrder,
         after: Option<i64>,
         limit: Option<u64>,
     ) -> Result<Vec<DeadEvent>, Error> {
@@ -192,7 +204,7 @@ impl SeaOrmStore {
         let mut found = Vec::new();
         let mut after = after;
         while found.len() < limit {
-            let page = self.dead_page(filter, after, PAGE).await?;
+            let page = self.dead_page(filter, order, after, PAGE).await?;
             let last_page = page.len() < PAGE;
             after = page.last().map(|event| event.id);
             found.extend(
@@ -231,11 +243,12 @@ impl SeaOrmStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// Up to `size` dead events that the database's conditions of `filter` select, after
-    /// position `after`, oldest first.
+    /// Up to `size` dead events that the database's conditions of `filter` select, past
+    /// position `after` in `order`.
     async fn dead_page(
         &self,
         filter: &DeadFilter,
+        order: DeadOrder,
         after: Option<i64>,
         size: usize,
     ) -> Result<Vec<DeadEvent>, Error> {
@@ -245,11 +258,20 @@ impl SeaOrmStore {
         let mut conditions = filter.conditions(&mut params, reads, self.dialect());
         if let Some(after) = after {
             let after = params.bind(after);
-            conditions.push_str(&format!(" AND {} > {after}", reads.position));
+            let past = match order {
+                DeadOrder::Oldest => ">",
+                DeadOrder::Newest => "<",
+            };
+            conditions.push_str(&format!(" AND {} {past} {after}", reads.position));
         }
+        let direction = match order {
+            DeadOrder::Oldest => "ASC",
+            DeadOrder::Newest => "DESC",
+        };
         let size = params.bind(i64::try_from(size).unwrap_or(i64::MAX));
         DeadEvent::find_by_statement(params.statement(format!(
-            "SELECT {} FROM {t} WHERE status = {DEAD}{conditions} ORDER BY {} LIMIT {size}",
+            "SELECT {} FROM {t} WHERE status = {DEAD}{conditions} ORDER BY {} {direction} \
+             LIMIT {size}",
             DeadEvent::columns(reads),
             reads.position,
         )))

@@ -5,7 +5,7 @@ use super::tokens::Role;
 use super::{Shared, ACTIONS};
 use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use outbox_core::OutboxStore;
-use outbox_store::{DeadEvent, DeadFilter, EventDetail};
+use outbox_store::{DeadEvent, DeadFilter, DeadOrder, EventDetail};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -84,16 +84,38 @@ async fn outboxes(request: HttpRequest, shared: web::Data<Shared>) -> HttpRespon
     HttpResponse::Ok().json(json!({ "outboxes": each }))
 }
 
-/// A listing's query parameters, checked: `key`, `event_type`, `limit`, `cursor`.
-fn dead_query(query: &HashMap<String, String>) -> Result<(DeadFilter, u64, Option<i64>), String> {
+/// A dead listing as its query parameters ask for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DeadQuery {
+    /// `key` and `event_type`.
+    filter: DeadFilter,
+    /// `order`: `oldest` (the default) or `newest`.
+    order: DeadOrder,
+    /// `limit`.
+    limit: u64,
+    /// `cursor`: the last position of the previous page.
+    cursor: Option<i64>,
+}
+
+/// The parameters a dead listing takes.
+const DEAD_PARAMETERS: [&str; 5] = ["key", "event_type", "order", "limit", "cursor"];
+
+/// A listing's query parameters, checked; the error starts with the parameter's name.
+fn dead_query(query: &HashMap<String, String>) -> Result<DeadQuery, String> {
     if let Some(unknown) = query
         .keys()
-        .find(|name| !["key", "event_type", "limit", "cursor"].contains(&name.as_str()))
+        .find(|name| !DEAD_PARAMETERS.contains(&name.as_str()))
     {
         return Err(format!(
-            "unknown parameter {unknown:?}; accepted: key, event_type, limit, cursor"
+            "{unknown}: unknown parameter; accepted: {}",
+            DEAD_PARAMETERS.join(", ")
         ));
     }
+    let order = match query.get("order").map(String::as_str) {
+        None | Some("oldest") => DeadOrder::Oldest,
+        Some("newest") => DeadOrder::Newest,
+        Some(other) => return Err(format!("order: {other:?} is neither oldest nor newest")),
+    };
     let limit = match query.get("limit") {
         None => DEFAULT_LIMIT,
         Some(text) => match text.parse::<u64>() {
@@ -118,7 +140,12 @@ fn dead_query(query: &HashMap<String, String>) -> Result<(DeadFilter, u64, Optio
         event_type: text("event_type"),
         ..DeadFilter::default()
     };
-    Ok((filter, limit, cursor))
+    Ok(DeadQuery {
+        filter,
+        order,
+        limit,
+        cursor,
+    })
 }
 
 fn dead_item(event: &DeadEvent) -> Value {
@@ -133,8 +160,8 @@ fn dead_item(event: &DeadEvent) -> Value {
     })
 }
 
-/// `GET /api/v1/outboxes/{outbox}/dead`: dead events by position, a page at a time;
-/// `next_cursor` resumes after the page (null: it was the last).
+/// `GET /api/v1/outboxes/{outbox}/dead`: dead events by position, oldest or newest first,
+/// a page at a time; `next_cursor` resumes after the page (null: it was the last).
 async fn dead(
     request: HttpRequest,
     shared: web::Data<Shared>,
@@ -148,7 +175,12 @@ async fn dead(
     let Some(outbox) = shared.outbox(&name) else {
         return unknown_outbox(&name);
     };
-    let (filter, limit, cursor) = match dead_query(&query) {
+    let DeadQuery {
+        filter,
+        order,
+        limit,
+        cursor,
+    } = match dead_query(&query) {
         Ok(parsed) => parsed,
         Err(why) => return error(HttpResponse::BadRequest(), &why),
     };
@@ -156,7 +188,7 @@ async fn dead(
     // One more than the page: whether another follows.
     let work = async move {
         store
-            .dead_events_after(&filter, cursor, Some(limit + 1))
+            .dead_events_after(&filter, order, cursor, Some(limit + 1))
             .await
     };
     let mut events = match shared.on_relay(work).await {
@@ -341,25 +373,31 @@ mod tests {
 
     #[test]
     fn a_listing_takes_a_limit_from_1_to_500_and_names_a_bad_parameter() {
-        let (_, limit, cursor) = dead_query(&query(&[])).unwrap();
-        assert_eq!((limit, cursor), (DEFAULT_LIMIT, None));
-        let (filter, limit, cursor) =
-            dead_query(&query(&[("limit", "500"), ("cursor", "7"), ("key", "r")])).unwrap();
+        let asked = dead_query(&query(&[])).unwrap();
+        assert_eq!((asked.limit, asked.cursor), (DEFAULT_LIMIT, None));
+        assert_eq!(asked.order, DeadOrder::Oldest);
+        let asked = dead_query(&query(&[
+            ("limit", "500"),
+            ("cursor", "7"),
+            ("key", "r"),
+            ("order", "newest"),
+        ]))
+        .unwrap();
         assert_eq!(
-            (limit, cursor, filter.key.as_deref()),
+            (asked.limit, asked.cursor, asked.filter.key.as_deref()),
             (500, Some(7), Some("r"))
         );
+        assert_eq!(asked.order, DeadOrder::Newest);
         for (name, value) in [
             ("limit", "0"),
             ("limit", "501"),
             ("limit", "x"),
             ("cursor", "x"),
+            ("order", "up"),
+            ("room", "r"),
         ] {
             let why = dead_query(&query(&[(name, value)])).unwrap_err();
             assert!(why.starts_with(name), "{why}");
         }
-        assert!(dead_query(&query(&[("room", "r")]))
-            .unwrap_err()
-            .contains("room"));
     }
 }
