@@ -307,6 +307,13 @@ async fn a_viewer_reads_and_an_operator_requeues(backend: Backend) {
     assert_eq!(dry.json()["count"], json!(2), "{}", dry.body);
     let everything = post(requeue.clone(), OPERATOR, json!({"dry_run": true})).await;
     assert_eq!(everything.status, 400, "no selection: {}", everything.body);
+    let many: Vec<i64> = (1..=501).collect();
+    let too_many = post(requeue.clone(), OPERATOR, json!({"ids": many})).await;
+    assert_eq!(too_many.status, 400, "{}", too_many.body);
+    assert!(too_many.json()["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("ids"));
     app.database.wait_dead(3, DEADLINE).await;
 
     // The requeue gets the events delivered once a queue is bound.

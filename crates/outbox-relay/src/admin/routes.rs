@@ -14,6 +14,9 @@ use tracing::{info, warn};
 /// `limit` of a dead listing when none is given, and its largest value.
 const DEFAULT_LIMIT: u64 = 50;
 const MAX_LIMIT: u64 = 500;
+/// The most ids one requeue takes: a page of a listing. Each is one bound value (MySQL
+/// takes 65,535 per statement).
+const MAX_IDS: usize = 500;
 
 /// The routes, for the server's `App`.
 pub(super) fn configure(config: &mut web::ServiceConfig) {
@@ -312,6 +315,12 @@ async fn requeue(
             )
         }
     };
+    if asked.ids.len() > MAX_IDS {
+        return error(
+            HttpResponse::BadRequest(),
+            &format!("ids: at most {MAX_IDS} at a time"),
+        );
+    }
     let blank = |value: &Option<String>| value.as_deref().is_none_or(str::is_empty);
     if asked.ids.is_empty() && blank(&asked.key) && blank(&asked.event_type) {
         return error(
