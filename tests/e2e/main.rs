@@ -1,6 +1,12 @@
 //! End-to-end tests: real PostgreSQL, SQLite, MariaDB and RabbitMQ, one binary. Each test
 //! sets itself up with `outbox_tests::TestApp` (a table, an exchange, settings, a relay).
 
+/// The admin API (`[admin]`) of the real binary: nothing listens unless enabled; tokens,
+/// roles and refused attempts (401, 403, 429, logged without the token); outboxes, dead
+/// events by page and one event, a dry run and a requeue delivered, on every backend; the
+/// security headers, 400s naming the parameter, each action counted on `/metrics`; the
+/// tokens file refused at start; `admin-token`.
+mod admin;
 /// Adopting a live table online: `migrate` waiting out a long transaction without holding
 /// up inserts, numbering rows while a producer inserts, `--dry-run`'s `-- locks:` lines;
 /// the `worker` log field naming the outbox.

@@ -48,7 +48,7 @@ fn sample(text: &str, name: &str, label: &str) -> Option<f64> {
 
 /// The TCP ports on which process `pid` listens (IPv4 and IPv6): its socket inodes,
 /// matched against the kernel's tables of listening sockets (state 0A).
-fn listening_ports(pid: u32) -> Vec<u16> {
+pub(crate) fn listening_ports(pid: u32) -> Vec<u16> {
     let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("the relay's file descriptors")
         .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())

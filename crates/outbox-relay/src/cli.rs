@@ -111,6 +111,33 @@ pub enum Command {
     /// database or broker down, blocked by a broker alarm, unreachable). Worst rows first.
     /// `q` quits. --once prints one plain table instead (two looks a second apart).
     Top(TopArgs),
+    /// Make a token for the admin API and print it with the line for admin.tokens_file.
+    ///
+    /// The token is 32 random bytes from the operating system, in hex; the line holds its
+    /// SHA-256 only (name:role:sha256:<hex>). Append the line to the tokens file and restart
+    /// the relay; give the token to its holder, who sends it as `Authorization: Bearer
+    /// <token>`. It is shown once and cannot be recovered from the file.
+    AdminToken(AdminTokenArgs),
+}
+
+/// `admin-token` options.
+#[derive(Debug, Args)]
+pub struct AdminTokenArgs {
+    /// Who holds the token, as audit lines name them: letters, digits, '-', '_', '.' or '@'.
+    #[arg(long)]
+    pub name: String,
+    /// viewer (reads only) or operator (reads and requeues).
+    #[arg(long, value_enum)]
+    pub role: AdminRole,
+}
+
+/// `admin-token --role`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AdminRole {
+    /// Reads only.
+    Viewer,
+    /// Reads and actions.
+    Operator,
 }
 
 /// `top` options.

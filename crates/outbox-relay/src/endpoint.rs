@@ -229,6 +229,7 @@ fn bind_error(listen: SocketAddr, error: std::io::Error) -> anyhow::Error {
 /// the book's metrics reference is generated from.
 pub fn describe_metrics() {
     instruments::describe();
+    crate::admin::describe_metrics();
     metrics::describe_counter!(
         outbox_store::failover::FAILOVERS,
         metrics::Unit::Count,

@@ -12,9 +12,11 @@
 //! - [`signals`]: the stop signals (SIGINT, SIGTERM).
 //! - [`endpoint`]: the metrics and health endpoint of `run` (`/metrics`, `/healthz`,
 //!   `/readyz`).
+//! - [`admin`]: the admin API of `run` (`/api/v1`, on `admin.listen`) and its tokens.
 //! - [`commands`]: one module per subcommand (`top`, the terminal view, in a folder of its
 //!   own: scraping, rows, screen).
 
+pub mod admin;
 pub mod cli;
 pub mod commands;
 pub mod dependency;

@@ -1,8 +1,8 @@
-//! Operator queries: dead events and requeueing them.
+//! Operator queries: dead events, one event in full, and requeueing dead events.
 
 use crate::dialect::{Dialect, Params};
 use crate::error::Error;
-use crate::reads::Reads;
+use crate::reads::{PayloadDecode, Reads};
 use crate::sql::{DEAD, PENDING};
 use crate::store::SeaOrmStore;
 use chrono::{DateTime, Utc};
@@ -44,12 +44,44 @@ impl DeadEvent {
     }
 }
 
+/// One row in full, as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventDetail {
+    /// Row position.
+    pub id: i64,
+    /// Event id.
+    pub event_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Ordering key.
+    pub key: String,
+    /// The message body as text (bytes that are no UTF-8 replaced).
+    pub envelope: String,
+    /// The headers column's JSON text; `None` when NULL or the table has none.
+    pub headers: Option<String>,
+    /// `pending`, `published` or `dead`.
+    pub status: String,
+    /// Failed attempts.
+    pub retry_count: i32,
+    /// The last failure.
+    pub last_error: Option<String>,
+    /// When the producer wrote it.
+    pub created_at: DateTime<Utc>,
+    /// Not published before this.
+    pub available_at: DateTime<Utc>,
+    /// When the broker confirmed it, if it did.
+    pub published_at: Option<DateTime<Utc>>,
+}
+
 /// Which dead events `dead list` and `dead requeue` select: every condition given holds
 /// (none given: every dead event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadFilter {
     /// Only these event ids (empty: any).
     pub event_ids: Vec<String>,
+    /// Only the rows at these positions (`columns.position`, the `id` of a listing; empty:
+    /// any).
+    pub positions: Vec<i64>,
     /// Only this ordering key.
     pub key: Option<String>,
     /// Only this event type, or the types an AMQP topic pattern matches (`*` one word, `#`
@@ -82,6 +114,10 @@ impl DeadFilter {
                 .collect::<Vec<_>>()
                 .join(", ");
             conditions.push_str(&format!(" AND {} IN ({list})", reads.event_id));
+        }
+        if !self.positions.is_empty() {
+            let any = params.any_of(&self.positions);
+            conditions.push_str(&format!(" AND {} {any}", reads.position));
         }
         if let Some(key) = &self.key {
             let key = params.bind(key.as_str());
@@ -129,6 +165,16 @@ impl DeadFilter {
     }
 }
 
+/// The order of a dead listing, by position (`columns.position`: insertion order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeadOrder {
+    /// Lowest position first: the oldest events first.
+    #[default]
+    Oldest,
+    /// Highest position first: the newest events first.
+    Newest,
+}
+
 /// Rows read per query while looking for dead events a pattern matches, and rows requeued
 /// per statement by position.
 const PAGE: usize = 500;
@@ -140,11 +186,25 @@ impl SeaOrmStore {
         filter: &DeadFilter,
         limit: Option<u64>,
     ) -> Result<Vec<DeadEvent>, Error> {
+        self.dead_events_after(filter, DeadOrder::Oldest, None, limit)
+            .await
+    }
+
+    /// Dead events matching `filter` in `order`, past position `after` in that order
+    /// (`None`: from the start); at most `limit` of them (`None`: all). A page of a
+    /// listing that resumes after the last position the previous page showed.
+    pub async fn dead_events_after(
+        &self,
+        filter: &DeadFilter,
+        order: DeadOrder,
+        after: Option<i64>,
+        limit: Option<u64>,
+    ) -> Result<Vec<DeadEvent>, Error> {
         let limit = limit.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
         let mut found = Vec::new();
-        let mut after = None;
+        let mut after = after;
         while found.len() < limit {
-            let page = self.dead_page(filter, after, PAGE).await?;
+            let page = self.dead_page(filter, order, after, PAGE).await?;
             let last_page = page.len() < PAGE;
             after = page.last().map(|event| event.id);
             found.extend(
@@ -183,11 +243,12 @@ impl SeaOrmStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// Up to `size` dead events that the database's conditions of `filter` select, after
-    /// position `after`, oldest first.
+    /// Up to `size` dead events that the database's conditions of `filter` select, past
+    /// position `after` in `order`.
     async fn dead_page(
         &self,
         filter: &DeadFilter,
+        order: DeadOrder,
         after: Option<i64>,
         size: usize,
     ) -> Result<Vec<DeadEvent>, Error> {
@@ -197,17 +258,78 @@ impl SeaOrmStore {
         let mut conditions = filter.conditions(&mut params, reads, self.dialect());
         if let Some(after) = after {
             let after = params.bind(after);
-            conditions.push_str(&format!(" AND {} > {after}", reads.position));
+            let past = match order {
+                DeadOrder::Oldest => ">",
+                DeadOrder::Newest => "<",
+            };
+            conditions.push_str(&format!(" AND {} {past} {after}", reads.position));
         }
+        let direction = match order {
+            DeadOrder::Oldest => "ASC",
+            DeadOrder::Newest => "DESC",
+        };
         let size = params.bind(i64::try_from(size).unwrap_or(i64::MAX));
         DeadEvent::find_by_statement(params.statement(format!(
-            "SELECT {} FROM {t} WHERE status = {DEAD}{conditions} ORDER BY {} LIMIT {size}",
+            "SELECT {} FROM {t} WHERE status = {DEAD}{conditions} ORDER BY {} {direction} \
+             LIMIT {size}",
             DeadEvent::columns(reads),
             reads.position,
         )))
         .all(self.connection())
         .await
         .map_err(Error::from)
+    }
+
+    /// The row at `position` in full, whatever its status; `None` when there is none.
+    pub async fn event(&self, position: i64) -> Result<Option<EventDetail>, Error> {
+        let t = self.table();
+        let reads = self.reads();
+        let mut params = Params::new(self.dialect());
+        let at = params.bind(position);
+        let headers = reads.headers().unwrap_or("NULL");
+        let row = self
+            .connection()
+            .query_one(params.statement(format!(
+                "SELECT {} AS id, {} AS event_id, {} AS event_type, {} AS room_id, \
+                 {} AS envelope, {headers} AS headers, status, retry_count, last_error, \
+                 {} AS created_at, available_at, published_at \
+                 FROM {t} WHERE {} = {at}",
+                reads.position_value(&reads.position),
+                reads.event_id,
+                reads.event_type,
+                reads.key_text,
+                reads.payload(),
+                reads.created_at,
+                reads.position,
+            )))
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let envelope = match reads.payload_decode {
+            PayloadDecode::Text => row.try_get::<String>("", "envelope")?,
+            PayloadDecode::Bytes => {
+                String::from_utf8_lossy(&row.try_get::<Vec<u8>>("", "envelope")?).into_owned()
+            }
+        };
+        let headers = match reads.headers() {
+            Some(_) => row.try_get::<Option<String>>("", "headers")?,
+            None => None,
+        };
+        Ok(Some(EventDetail {
+            id: row.try_get("", "id")?,
+            event_id: row.try_get("", "event_id")?,
+            event_type: row.try_get("", "event_type")?,
+            key: row.try_get("", "room_id")?,
+            envelope,
+            headers,
+            status: row.try_get("", "status")?,
+            retry_count: row.try_get("", "retry_count")?,
+            last_error: row.try_get("", "last_error")?,
+            created_at: row.try_get("", "created_at")?,
+            available_at: row.try_get("", "available_at")?,
+            published_at: row.try_get("", "published_at")?,
+        }))
     }
 
     /// Makes the dead events `filter` selects pending again: `retry_count = 0`, available

@@ -61,7 +61,7 @@ pub mod store;
 pub mod transport;
 pub mod wake;
 
-pub use admin::{DeadEvent, DeadFilter};
+pub use admin::{DeadEvent, DeadFilter, DeadOrder, EventDetail};
 pub use columns::{
     ColumnName, ColumnNameError, ColumnSetting, Columns, MappingError, MappingProblem,
 };

@@ -302,6 +302,11 @@ impl Reads {
         &self.payload
     }
 
+    /// The headers as text, when the mapping has a headers column.
+    pub(crate) fn headers(&self) -> Option<&str> {
+        self.headers.as_deref()
+    }
+
     /// The table has a headers column (else claimed rows carry none).
     pub(crate) fn has_headers(&self) -> bool {
         self.headers.is_some()

@@ -91,6 +91,7 @@ fn filter(event_ids: Vec<String>, filters: DeadFilters) -> DeadFilter {
     });
     DeadFilter {
         event_ids,
+        positions: Vec::new(),
         key: filters.room,
         event_type: filters.event_type,
         created_before,

@@ -10,6 +10,7 @@ macro_rules! say {
     }};
 }
 
+mod admin_token;
 mod check_config;
 mod dead;
 pub mod demo;
@@ -50,6 +51,7 @@ pub async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Demo(args) => demo::demo(config, args).await,
         Command::Purge(args) => purge::purge(config, args).await,
         Command::Top(args) => top::top(config, args).await,
+        Command::AdminToken(args) => admin_token::admin_token(args),
     }
 }
 

@@ -1,5 +1,6 @@
 //! `outbox-relay run`: the service.
 
+use crate::admin::AdminServer;
 use crate::commands::status::AUTOVACUUM_OFF;
 use crate::dependency::{Dependency, Patience, Wait};
 use crate::endpoint::Endpoint;
@@ -17,7 +18,8 @@ use tracing::{info, warn};
 /// Waits for the database and the broker while they are unreachable (within
 /// `relay.startup_timeout`), then runs until SIGINT or SIGTERM and shuts down gracefully
 /// (`docs/design/shutdown.md`); a second signal forces the stop. Serves metrics and health
-/// on `metrics.listen` meanwhile, from before the wait.
+/// on `metrics.listen` meanwhile, from before the wait, and the admin API on
+/// `admin.listen` (when `admin.enabled`) once the databases are open.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut signals = StopSignals::install().context("cannot install signal handlers")?;
     // Before the relay starts: its actors take their metric handles when they are built.
@@ -48,6 +50,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     // Before the publishers start, so that every message gets its span.
     let traces = Traces::start(config.otlp_traces_url.as_deref(), &config.relay.node_id)?;
+    // Once the stores are open: the admin API reads them. Only when asked for.
+    let admin = match &config.admin {
+        Some(admin) => Some(AdminServer::start(admin, &outboxes)?),
+        None => None,
+    };
     let nodes = nodes.into_iter().map(Some).collect();
     let mut relays = start_relays_holding(&config, &outboxes, &broker, nodes).await?;
     // Another process took this node after the lock's connection was lost: stop relaying.
@@ -97,6 +104,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     if let Some(endpoint) = endpoint {
         endpoint.stop().await;
+    }
+    if let Some(admin) = admin {
+        admin.stop().await;
     }
     match taken_over {
         Some(holder) => Err(ConfigProblem(holder).into()),

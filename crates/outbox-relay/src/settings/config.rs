@@ -26,6 +26,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Metrics endpoint address; `None` when disabled.
     pub metrics_listen: Option<SocketAddr>,
+    /// The admin API; `None` when `admin.enabled` is false.
+    pub admin: Option<AdminConfig>,
     /// `relay.max_pending_age`, checked by the endpoint's probe; `None` when off.
     pub max_pending_age: Option<MaxPendingAge>,
     /// Where publish spans go (OTLP/HTTP, the full `…/v1/traces` URL); `None`: no spans.
@@ -205,6 +207,15 @@ impl Config {
             .map(|outbox| outbox.name.as_str())
             .collect()
     }
+}
+
+/// The validated `[admin]` section: where the admin API listens and who may call it.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    /// `admin.listen`.
+    pub listen: SocketAddr,
+    /// The tokens of `admin.tokens_file`, read at validation.
+    pub tokens: Arc<crate::admin::Tokens>,
 }
 
 /// Validated logging settings.

@@ -1,7 +1,7 @@
-//! Secrets in files that others may read: the settings file when it holds a secret, and
-//! every password file, each checked as libpq checks `.pgpass` (no access for the group or
-//! others) and named in a warning with its mode and the fix
-//! (`docs/security.md#secret-files-others-can-read`).
+//! Secrets in files that others may read: the settings file when it holds a secret, every
+//! password file, and the admin API's tokens file while it is enabled, each checked as
+//! libpq checks `.pgpass` (no access for the group or others) and named in a warning with
+//! its mode and the fix (`docs/security.md#secret-files-others-can-read`).
 //!
 //! A warning, not a refusal: files that worked before an upgrade keep working, and the
 //! operator is told what to change. Secrets mounted where their mode is not the operator's
@@ -49,7 +49,10 @@ pub(super) fn secret_files(
         else {
             continue;
         };
-        if !key.ends_with("password_file")
+        // The admin API's tokens file holds hashes, not tokens, but whoever can write it
+        // can let themselves in, and whoever can read it can try tokens offline.
+        let tokens_file = key == "tokens_file" && settings.admin.enabled;
+        if !(key.ends_with("password_file") || tokens_file)
             || files.iter().any(|known| known.path == Path::new(file))
         {
             continue;
@@ -153,6 +156,7 @@ fn warning(file: &SecretFile) -> Option<String> {
     // A password file holds a secret by its name.
     let what = match &file.key {
         None => format!("settings file {path} holds a secret and"),
+        Some(key) if key.ends_with("tokens_file") => format!("tokens file {path} ({key})"),
         Some(key) => format!("password file {path} ({key})"),
     };
     let access = if mode & 0o044 != 0 {

@@ -8,11 +8,13 @@
 //!   words (`wording`).
 //! - `validate`: each section checks itself and yields its part of the typed [`Config`],
 //!   recording its errors and warnings in a report (`check`).
+//! - `admin`: the `[admin]` section, whose tokens file is read as it is checked.
 //! - `file_modes`: a warning for each file holding a secret that others may read.
 //!
 //! Every problem is reported at once, each naming the key, the bad value and what is
 //! accepted; no password is ever printed (see [`crate::secrets`]).
 
+mod admin;
 mod check;
 mod config;
 mod environment;
@@ -27,14 +29,16 @@ mod wording;
 #[cfg(test)]
 mod tests;
 
-pub use config::{Config, DatabaseConfig, LogConfig, LogFormat, MaxPendingAge, OutboxConfig};
+pub use config::{
+    AdminConfig, Config, DatabaseConfig, LogConfig, LogFormat, MaxPendingAge, OutboxConfig,
+};
 pub use environment::ENV_PREFIX;
 pub use field::{Field, Span};
 pub use load::Rejected;
 pub use shape::{
-    AmqpSection, ColumnsSettings, DatabaseSettings, HeaderColumnSettings, LogSettings,
-    MetricsSettings, OutboxColumnsSettings, OutboxSettings, RelaySettings, RouteSettings, Settings,
-    TelemetrySettings,
+    AdminSettings, AmqpSection, ColumnsSettings, DatabaseSettings, HeaderColumnSettings,
+    LogSettings, MetricsSettings, OutboxColumnsSettings, OutboxSettings, RelaySettings,
+    RouteSettings, Settings, TelemetrySettings,
 };
 pub use validate::default_node_id;
 

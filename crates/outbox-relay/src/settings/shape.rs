@@ -31,6 +31,8 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     /// `[telemetry]`
     pub telemetry: TelemetrySettings,
+    /// `[admin]`
+    pub admin: AdminSettings,
     /// `[[outboxes]]`; empty: one outbox from `database.table`, `[database.columns]` and
     /// `[amqp]`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -367,6 +369,21 @@ pub struct MetricsSettings {
     pub listen: Field<SocketAddr>,
 }
 
+/// `[admin]`: the admin HTTP API (dead and failing events, requeueing), a listener of its
+/// own beside the metrics endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSettings {
+    /// Serve the admin API on `listen`. `false` (the default): nothing listens.
+    pub enabled: bool,
+    /// Address of the admin API (plain HTTP: put a TLS-terminating proxy in front of it to
+    /// reach it from another host).
+    pub listen: Field<SocketAddr>,
+    /// The tokens file, one `name:role:sha256:<64 hex>` line per token (role `viewer` or
+    /// `operator`); required when `enabled`. `outbox-relay admin-token` makes a line.
+    pub tokens_file: String,
+}
+
 /// `[telemetry]`
 #[derive(Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -472,6 +489,16 @@ impl Default for MetricsSettings {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:9187".into(),
+        }
+    }
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen: "127.0.0.1:9188".into(),
+            tokens_file: String::new(),
         }
     }
 }

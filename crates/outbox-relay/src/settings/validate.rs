@@ -48,6 +48,7 @@ impl Settings {
         let log = self.log.validate(&mut report.section("log"));
         let metrics_listen = self.metrics.validate(&mut report.section("metrics"));
         let otlp_traces_url = self.telemetry.validate(&mut report.section("telemetry"));
+        let admin = self.admin.validate(&mut report.section("admin"));
         // The entries inherit from the sections above, so they are checked once those are
         // valid (an entry's problems would otherwise repeat theirs).
         let outboxes = match (&database, &amqp, &relay) {
@@ -71,6 +72,7 @@ impl Settings {
             Some(max_pending_age),
             Some(otlp_traces_url),
             Some(startup_timeout),
+            Some(admin),
         ) = (
             database,
             amqp,
@@ -81,6 +83,7 @@ impl Settings {
             max_pending_age,
             otlp_traces_url,
             startup_timeout,
+            admin,
         )
         else {
             return Err(report.errors);
@@ -121,6 +124,7 @@ impl Settings {
             outboxes,
             log,
             metrics_listen,
+            admin,
             max_pending_age,
             otlp_traces_url,
             startup_timeout,

@@ -3,13 +3,14 @@
 //! the binary's (`tests/e2e/settings.rs`, which includes this file).
 
 /// The settings' sections, as keys in messages start.
-pub(crate) const SECTIONS: [&str; 7] = [
+pub(crate) const SECTIONS: [&str; 8] = [
     "database",
     "amqp",
     "relay",
     "log",
     "metrics",
     "telemetry",
+    "admin",
     "outboxes",
 ];
 
@@ -23,7 +24,7 @@ const OTHER_VARIABLES: [&str; 2] = ["RUST_LOG", "PGSSLMODE"];
 /// - an environment variable's name: one of `env` (the case's `OUTBOX_RELAY__…`), or
 ///   `RUST_LOG` or `PGSSLMODE`;
 /// - a key path: a section's name (`database`, `amqp`, `relay`, `log`, `metrics`,
-///   `telemetry`, `outboxes`) at the start of the message or after a blank, a quote, a
+///   `telemetry`, `admin`, `outboxes`) at the start of the message or after a blank, a quote, a
 ///   comma or an opening parenthesis (not inside a word or a path: `outbox-relay.db`,
 ///   `/etc/relay.toml`), followed by `.` or `[` and then a letter, digit or `_`
 ///   (`relay.lease`, `amqp.url[1]`, `outboxes[0] (x)`, `amqp.routes[0].exchange`); or

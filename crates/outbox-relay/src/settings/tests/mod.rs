@@ -747,3 +747,97 @@ fn a_publish_timeout_at_the_bound_is_weighed_against_the_lease_without_overflow(
         "{warnings}"
     );
 }
+
+/// A tokens file of `text` in the temporary directory, removed when dropped.
+struct TokensFile(std::path::PathBuf);
+
+impl TokensFile {
+    fn new(text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "outbox-relay-tokens-{}-{}",
+            std::process::id(),
+            text.len()
+        ));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn toml(&self) -> String {
+        format!(
+            "[admin]\nenabled = true\ntokens_file = {:?}",
+            self.0.display().to_string()
+        )
+    }
+}
+
+impl Drop for TokensFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn the_admin_api_is_off_by_default_and_its_keys_are_then_inert() {
+    assert!(load("", &[]).unwrap().admin.is_none());
+    let config = load(
+        "[admin]\nlisten = \"nowhere\"\ntokens_file = \"/nonexistent\"",
+        &[],
+    );
+    assert!(config.unwrap().admin.is_none());
+}
+
+#[test]
+fn the_admin_api_enabled_without_a_tokens_file_is_refused_naming_the_key() {
+    let error = load("[admin]\nenabled = true", &[]).unwrap_err();
+    assert!(error.contains("admin.tokens_file"), "{error}");
+}
+
+#[test]
+fn an_unreadable_or_malformed_tokens_file_is_refused_naming_file_and_line() {
+    let error = load(
+        "[admin]\nenabled = true\ntokens_file = \"/nonexistent/tokens\"",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("admin.tokens_file") && error.contains("/nonexistent/tokens"),
+        "{error}"
+    );
+    let file = TokensFile::new("# tokens\nalice:admin:sha256:00\n");
+    let error = load(&file.toml(), &[]).unwrap_err();
+    let path = file.0.display().to_string();
+    assert!(
+        error.contains("admin.tokens_file") && error.contains(&path) && error.contains("line 2"),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_admin_api_enabled_with_good_tokens_listens_where_told() {
+    let line = crate::admin::tokens::line("alice", crate::admin::Role::Operator, "t");
+    let file = TokensFile::new(&format!("{line}\n"));
+    let config = load(&format!("{}\nlisten = \"127.0.0.1:0\"", file.toml()), &[]).unwrap();
+    let admin = config.admin.expect("enabled");
+    assert_eq!(admin.listen.port(), 0);
+    assert_eq!(
+        admin.tokens.find("t").map(|t| t.name.as_str()),
+        Some("alice")
+    );
+    let error = load(&format!("{}\nlisten = \"\"", file.toml()), &[]).unwrap_err();
+    assert!(error.contains("admin.listen"), "{error}");
+}
+
+#[test]
+fn a_tokens_file_others_may_read_is_warned_of() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let line = crate::admin::tokens::line("alice", crate::admin::Role::Viewer, "t");
+    let file = TokensFile::new(&format!("{line}\n# readable\n"));
+    std::fs::set_permissions(&file.0, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let warnings = load(&file.toml(), &[]).unwrap().warnings.join("\n");
+    assert!(
+        warnings.contains("tokens file") && warnings.contains("admin.tokens_file"),
+        "{warnings}"
+    );
+    std::fs::set_permissions(&file.0, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(load(&file.toml(), &[]).unwrap().warnings.is_empty());
+}
