@@ -7,6 +7,7 @@
 
 use outbox_relay::settings::Settings;
 use outbox_store::NewEvent;
+use outbox_tests::TestDatabase;
 use outbox_tests::{
     assert_room_order, eventually, per_backend, room_events, Backend, FaultProxy, Load,
     RelayProcess, TestApp, CHILD_DEADLINE,
@@ -226,7 +227,7 @@ async fn a_node_whose_lock_is_taken_over_claims_nothing_more(backend: Backend) {
     .await;
 
     let key = outbox_store::NodeLock::server_key(&app.database.table, &node_id);
-    let taker = TakenLock::from_its_holder(backend, &app.database.url, key).await;
+    let taker = TakenLock::from_its_holder(&app.database, key).await;
     let cut = std::time::Instant::now();
     let last_before = (app.database.rows().await.iter())
         .map(|row| row.id)
@@ -306,65 +307,128 @@ async fn a_node_whose_lock_is_taken_over_claims_nothing_more(backend: Backend) {
 
 per_backend!(a_node_whose_lock_is_taken_over_claims_nothing_more: postgres, mariadb);
 
-/// A node's lock taken from the session holding it: that session ended by the server and
-/// the lock taken on a connection of the test's own, which holds it until dropped. The
-/// lock is asked for before the old session has ended, so it is granted the moment that
-/// session's end frees it, ahead of the old holder's retake.
+/// A node's lock taken from the session holding it: the test's own connection asks for the
+/// lock and waits in the server's queue for it, then the holder's session is ended by the
+/// server. The waiter is granted the lock the moment the holder's end frees it, ahead of
+/// the old holder's retake, and holds it until dropped.
 struct TakenLock {
     /// The connection holding the lock: held, never read.
     _session: Box<dyn std::any::Any>,
 }
 
+/// How long the test waits for its connection to queue for the lock, and to be granted it.
+const TAKEOVER_DEADLINE: Duration = Duration::from_secs(30);
+
 impl TakenLock {
     /// Ends the session holding lock `key` on the database at `url`, and takes the lock.
-    async fn from_its_holder(backend: Backend, url: &str, key: i64) -> Self {
-        use sea_orm::sqlx::{Connection as _, MySqlConnection, PgConnection};
-        match backend {
-            Backend::Postgres => {
-                let mut connection = PgConnection::connect(url).await.expect("PostgreSQL");
-                // The CTE runs first: the lock is asked for once the holder is told to end.
-                let ended: i64 = sea_orm::sqlx::query_scalar(
-                    "WITH ended AS (SELECT pg_terminate_backend(pid) AS ok FROM pg_locks \
-                     WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
-                     AND ((classid::bigint << 32) | objid::bigint) = $1) \
-                     SELECT count(pg_advisory_lock($1)) FROM ended WHERE ok",
-                )
-                .bind(key)
-                .fetch_one(&mut connection)
-                .await
-                .expect("the lock's session ended and the lock taken");
-                assert_eq!(ended, 1, "one session held the node's lock");
-                Self {
-                    _session: Box::new(connection),
-                }
-            }
-            Backend::MySql => {
-                let mut connection = MySqlConnection::connect(url).await.expect("MariaDB");
-                let name = "CONCAT('outbox-relay/', LEFT(SHA1(CONCAT(DATABASE(), '/', ?)), 40))";
-                let holder: Option<i64> = sea_orm::sqlx::query_scalar(&format!(
-                    "SELECT CAST(IS_USED_LOCK({name}) AS SIGNED)"
-                ))
-                .bind(key.to_string())
-                .fetch_one(&mut connection)
-                .await
-                .expect("the lock's holder");
-                let holder = holder.expect("a connection holds the node's lock");
-                sea_orm::sqlx::query(&format!("KILL CONNECTION {holder}"))
-                    .execute(&mut connection)
+    async fn from_its_holder(database: &TestDatabase, key: i64) -> Self {
+        use sea_orm::sqlx::{query, query_scalar, Connection as _, MySqlConnection, PgConnection};
+        use sea_orm::DbBackend;
+        let url = database.url.as_str();
+        match database.backend() {
+            DbBackend::Postgres => {
+                let mut waiter = PgConnection::connect(url).await.expect("PostgreSQL");
+                let pid: i32 = query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(&mut waiter)
                     .await
-                    .expect("the lock's connection killed");
-                let taken: Option<i64> =
-                    sea_orm::sqlx::query_scalar(&format!("SELECT GET_LOCK({name}, 30)"))
-                        .bind(key.to_string())
-                        .fetch_one(&mut connection)
+                    .expect("the waiter's pid");
+                let asked = actix_rt::spawn(async move {
+                    query("SELECT pg_advisory_lock($1)")
+                        .bind(key)
+                        .execute(&mut waiter)
                         .await
                         .expect("the lock taken");
-                assert_eq!(taken, Some(1), "the lock taken");
+                    waiter
+                });
+                let waiting =
+                    format!("SELECT count(*) AS n FROM pg_locks WHERE pid = {pid} AND NOT granted");
+                queued("PostgreSQL", || async {
+                    count(database, &waiting).await == 1
+                })
+                .await;
+                let ended = count(
+                    database,
+                    &format!(
+                        "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_locks \
+                         WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+                         AND ((classid::bigint << 32) | objid::bigint) = {key}"
+                    ),
+                )
+                .await;
+                assert_eq!(ended, 1, "one session held the node's lock");
+                let waiter = tokio::time::timeout(TAKEOVER_DEADLINE, asked)
+                    .await
+                    .expect("the lock granted to the waiter")
+                    .expect("the waiter's task");
                 Self {
-                    _session: Box::new(connection),
+                    _session: Box::new(waiter),
                 }
             }
-            Backend::Sqlite => unreachable!("a file lock is not lost while its process lives"),
+            DbBackend::MySql => {
+                let name = "CONCAT('outbox-relay/', LEFT(SHA1(CONCAT(DATABASE(), '/', ?)), 40))";
+                let mut waiter = MySqlConnection::connect(url).await.expect("MariaDB");
+                let id: i64 = query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+                    .fetch_one(&mut waiter)
+                    .await
+                    .expect("the waiter's id");
+                let holder: Option<i64> =
+                    query_scalar(&format!("SELECT CAST(IS_USED_LOCK({name}) AS SIGNED)"))
+                        .bind(key.to_string())
+                        .fetch_one(&mut waiter)
+                        .await
+                        .expect("the lock's holder");
+                let holder = holder.expect("a connection holds the node's lock");
+                let asked = actix_rt::spawn(async move {
+                    let taken: Option<i64> = query_scalar(&format!(
+                        "SELECT GET_LOCK({name}, {})",
+                        TAKEOVER_DEADLINE.as_secs()
+                    ))
+                    .bind(key.to_string())
+                    .fetch_one(&mut waiter)
+                    .await
+                    .expect("the lock asked for");
+                    (waiter, taken)
+                });
+                let waiting = format!(
+                    "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST \
+                     WHERE ID = {id} AND INFO LIKE 'SELECT GET_LOCK%'"
+                );
+                queued("MariaDB", || async { count(database, &waiting).await == 1 }).await;
+                database.execute(&format!("KILL CONNECTION {holder}")).await;
+                let (waiter, taken) = asked.await.expect("the waiter's task");
+                assert_eq!(taken, Some(1), "the lock granted to the waiter");
+                Self {
+                    _session: Box::new(waiter),
+                }
+            }
+            DbBackend::Sqlite => unreachable!("a file lock is not lost while its process lives"),
         }
+    }
+}
+
+/// The integer column `n` of the one row `sql` answers on `database`.
+async fn count(database: &TestDatabase, sql: &str) -> i64 {
+    use sea_orm::ConnectionTrait as _;
+    let statement = sea_orm::Statement::from_string(database.backend(), sql.to_owned());
+    let row = (database.db().query_one(statement).await)
+        .unwrap_or_else(|error| panic!("{sql}: {error}"))
+        .unwrap_or_else(|| panic!("{sql}: no row"));
+    row.try_get("", "n")
+        .unwrap_or_else(|error| panic!("{sql}: {error}"))
+}
+
+/// Waits until `waiting` says the test's connection waits for the lock on `server`.
+async fn queued<F, Fut>(server: &str, mut waiting: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = std::time::Instant::now() + TAKEOVER_DEADLINE;
+    while !waiting().await {
+        assert!(
+            std::time::Instant::now() < until,
+            "{server}: the test's connection never waited for the node's lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
