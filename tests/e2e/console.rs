@@ -1,8 +1,9 @@
 //! The web console (`/` on the admin listener) in headless Chromium, driven through
-//! chromedriver's WebDriver protocol: signing in with a wrong and a right token, an
-//! operator requeueing a group of dead events after the dry run's count, a viewer's requeue
-//! refused on the page, a filter by key finding one event among thousands. Each test ends
-//! with a screenshot, written to `docs/images/console-*.png` when `UPDATE_SCREENSHOTS=1`.
+//! chromedriver's WebDriver protocol: signing in with a wrong and a right token and the
+//! pending events' failures grouped with their counts, an operator requeueing a group of
+//! dead events after the dry run's count, a viewer's requeue refused on the page, a filter
+//! by key finding one event among thousands. Each test ends with a screenshot, written to
+//! `docs/images/console-*.png` when `UPDATE_SCREENSHOTS=1`.
 
 use crate::admin::{admin_address, request, TokensFile, DEADLINE, OPERATOR, VIEWER};
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -245,10 +246,21 @@ async fn relay_with_dead_events(
     tokens: &TokensFile,
     events: &[outbox_store::NewEvent],
 ) -> (TestApp, RelayProcess, SocketAddr) {
+    relay_with_failing_events(backend, tokens, events, 1).await
+}
+
+/// A relay whose events fail (nothing is bound), dead after `max_attempts` (0: never),
+/// with the admin API and the tokens of the admin tests.
+async fn relay_with_failing_events(
+    backend: Backend,
+    tokens: &TokensFile,
+    events: &[outbox_store::NewEvent],
+    max_attempts: i64,
+) -> (TestApp, RelayProcess, SocketAddr) {
     let app = TestApp::on(backend)
         .binding("nothing.bound")
         .settings(|settings| {
-            settings.relay.max_attempts = 1;
+            settings.relay.max_attempts = max_attempts;
             settings.log.format = "json".into();
             settings.metrics.listen = "127.0.0.1:0".into();
             settings.admin.enabled = true;
@@ -301,10 +313,14 @@ async fn the_page_loads_without_a_token_under_its_own_policy() {
 #[actix_rt::test]
 async fn signing_in_refuses_a_wrong_token_and_takes_a_right_one() {
     let tokens = TokensFile::new();
-    let events = [event("s1", "a").of_type("order.created")];
-    let (app, relay, address) = relay_with_dead_events(Backend::Postgres, &tokens, &events).await;
+    // Failing and retried, never dead: the pending events' failures show as a group.
+    let events = [
+        event("s1", "a").of_type("order.created"),
+        event("s2", "b").of_type("order.created"),
+    ];
+    let (app, relay, address) =
+        relay_with_failing_events(Backend::Postgres, &tokens, &events, 0).await;
     let outbox = app.database.table.as_str().to_owned();
-    app.database.wait_dead(1, DEADLINE).await;
     let browser = Browser::open(address).await;
 
     browser.sign_in("not-a-token-we-know").await;
@@ -321,10 +337,18 @@ async fn signing_in_refuses_a_wrong_token_and_takes_a_right_one() {
 
     browser.sign_in(VIEWER).await;
     let card = format!("article.card[data-outbox=\"{outbox}\"]");
-    let shown = browser
-        .wait_text(&card, "the outbox", |text| text.contains(&outbox))
+    let failing = format!("{card} .failing li");
+    let group = browser
+        .wait_text(&failing, "a group of failures", |text| {
+            text.starts_with("2\nunroutable")
+        })
         .await;
-    assert!(shown.contains("Dead\n1"), "{shown}");
+    assert!(group.contains("routing_key=order.created"), "{group}");
+    let shown = browser.text(&card).await.unwrap_or_default();
+    assert!(
+        shown.contains("Pending\n2") && shown.contains("Dead\n0"),
+        "{shown}"
+    );
     assert_eq!(browser.text("#sign-in-error").await.as_deref(), Some(""));
     let kept = browser
         .run("return sessionStorage.getItem('outbox-relay-admin-token');")
