@@ -10,15 +10,15 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const DEADLINE: Duration = Duration::from_secs(60);
-const VIEWER: &str = "viewer-token-of-the-admin-tests";
-const OPERATOR: &str = "operator-token-of-the-admin-tests";
+pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const VIEWER: &str = "viewer-token-of-the-admin-tests";
+pub(crate) const OPERATOR: &str = "operator-token-of-the-admin-tests";
 
 /// An answer: status, headers (names in lowercase), body.
-struct Answer {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: HashMap<String, String>,
+    pub(crate) body: String,
 }
 
 impl Answer {
@@ -29,7 +29,7 @@ impl Answer {
 }
 
 /// One HTTP/1.0 request (the server closes the connection after the answer).
-async fn request(
+pub(crate) async fn request(
     address: SocketAddr,
     method: &str,
     path: &str,
@@ -81,10 +81,10 @@ async fn request(
 }
 
 /// A tokens file with a viewer (`alice`) and an operator (`ops`), removed when dropped.
-struct TokensFile(std::path::PathBuf);
+pub(crate) struct TokensFile(pub(crate) std::path::PathBuf);
 
 impl TokensFile {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let path = std::env::temp_dir().join(unique_name("admin-tokens"));
         let text = format!(
             "# the admin tests' tokens\n{}\n\n{}\n",
@@ -103,7 +103,7 @@ impl Drop for TokensFile {
 }
 
 /// Waits for the admin API's "listening" line in the JSON log; its address.
-async fn admin_address(relay: &RelayProcess) -> SocketAddr {
+pub(crate) async fn admin_address(relay: &RelayProcess) -> SocketAddr {
     let mut address = None;
     outbox_tests::eventually("the admin API's address in the log", DEADLINE, || {
         address = relay

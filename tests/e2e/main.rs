@@ -33,6 +33,12 @@ mod cluster;
 /// Column mappings and adopted tables: a Debezium-shaped table and the original worker's
 /// migrated in place, `plan` as a dry run, `check_columns`' errors.
 mod columns;
+/// The web console in headless Chromium through chromedriver: its own security policy,
+/// signing in and out, pending events' failures grouped with counts, an operator's requeue
+/// after the dry run's count delivered, a viewer's refused, a hostile body shown as text, a
+/// filter by key among 10,000 dead rows, a phone's width; screenshots for the docs with
+/// `UPDATE_SCREENSHOTS=1`.
+mod console;
 /// `OUTBOX_RELAY_CONFIG`, plain logs off a terminal, `purge --dry-run` and `--json`, the
 /// Containerfile's OCI labels.
 mod conveniences;

@@ -6,12 +6,15 @@
 //! - `auth`: bearer tokens checked in constant time, roles, failed attempts bounded per
 //!   client address.
 //! - `routes`: the endpoints.
+//! - `console`: the web console at `/`, a page calling the endpoints, embedded in the
+//!   binary.
 //!
 //! The server runs on a worker thread of its own, as the metrics endpoint does; every
 //! database statement it needs runs on the relay's own thread (the arbiter that opened
 //! the pools), so a pool's connections are only ever driven by the runtime that made them.
 
 mod auth;
+mod console;
 mod routes;
 pub mod tokens;
 
@@ -108,6 +111,7 @@ impl AdminServer {
             App::new()
                 .app_data(shared.clone())
                 .wrap(security_headers())
+                .configure(console::configure)
                 .configure(routes::configure)
         })
         .workers(1)
@@ -123,7 +127,7 @@ impl AdminServer {
         info!(
             %address,
             tokens = config.tokens.len(),
-            "admin API listening (/api/v1)"
+            "admin API listening (/api/v1, the console at /)"
         );
         Ok(Self {
             address,
@@ -137,7 +141,9 @@ impl AdminServer {
     }
 }
 
-/// The headers of every response: nothing cached, sniffed, framed or referred.
+/// The headers of every response: nothing cached, sniffed, framed or referred. The
+/// console's page, script and style sheet set a policy of their own (`console::POLICY`),
+/// which these defaults do not replace.
 fn security_headers() -> middleware::DefaultHeaders {
     middleware::DefaultHeaders::new()
         .add(("Cache-Control", "no-store"))
