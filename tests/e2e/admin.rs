@@ -3,82 +3,15 @@
 //! dry run and a requeue that gets the events delivered; the security headers.
 
 use outbox_relay::admin::tokens::{line, Role};
+pub(crate) use outbox_tests::http_request as request;
 use outbox_tests::{event, per_backend, unique_name, Backend, RelayProcess, TestApp, TestEvent};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 pub(crate) const VIEWER: &str = "viewer-token-of-the-admin-tests";
 pub(crate) const OPERATOR: &str = "operator-token-of-the-admin-tests";
-
-/// An answer: status, headers (names in lowercase), body.
-pub(crate) struct Answer {
-    pub(crate) status: u16,
-    pub(crate) headers: HashMap<String, String>,
-    pub(crate) body: String,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.body))
-    }
-}
-
-/// One HTTP/1.0 request (the server closes the connection after the answer).
-pub(crate) async fn request(
-    address: SocketAddr,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&Value>,
-) -> Answer {
-    let mut head = format!("{method} {path} HTTP/1.0\r\nHost: {address}\r\n");
-    if let Some(token) = token {
-        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-    }
-    let body = body.map(Value::to_string).unwrap_or_default();
-    if method == "POST" {
-        head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
-    }
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(address).await?;
-        stream
-            .write_all(format!("{head}\r\n{body}").as_bytes())
-            .await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
-        Ok::<_, std::io::Error>(response)
-    };
-    let response = tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .unwrap_or_else(|_| panic!("{method} {path}: no answer within 10 s"))
-        .unwrap_or_else(|error| panic!("{method} {path}: {error}"));
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("{method} {path}: not HTTP: {response:?}"));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|line| line.split(' ').nth(1))
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("{method} {path}: no status in {head:?}"));
-    let headers = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
-        .collect();
-    Answer {
-        status,
-        headers,
-        body: body.to_owned(),
-    }
-}
 
 /// A tokens file with a viewer (`alice`) and an operator (`ops`), removed when dropped.
 pub(crate) struct TokensFile(pub(crate) std::path::PathBuf);

@@ -27,9 +27,9 @@ pub use events::{event, own_room_events, room_events, seed, TestEvent};
 pub use load::Load;
 pub use proxy::FaultProxy;
 pub use relay::{
-    finish_within, http_get, output_within, run_binary, run_binary_with_env, settings_env,
-    succeeds_quietly_within, ChildGuard, InProcessRelay, OutputInTime, RelayProcess, SettingsFile,
-    CHILD_DEADLINE,
+    finish_within, http_get, http_request, output_within, run_binary, run_binary_with_env,
+    settings_env, succeeds_quietly_within, ChildGuard, HttpAnswer, InProcessRelay, OutputInTime,
+    RelayProcess, SettingsFile, CHILD_DEADLINE,
 };
 pub use services::{
     assert_within, non_loopback_address, server_of, skip, through, within, AT_ONCE, MARGIN,

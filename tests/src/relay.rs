@@ -426,10 +426,51 @@ impl Drop for RelayProcess {
 /// `GET path` over HTTP/1.0 (the server closes the connection after the answer): the
 /// status code and the body. No HTTP client needed.
 pub async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
+    let answer = http_request(address, "GET", path, None, None).await;
+    (answer.status, answer.body)
+}
+
+/// An HTTP answer: status, headers (names in lowercase), body.
+pub struct HttpAnswer {
+    /// The status code.
+    pub status: u16,
+    /// The headers, by lowercase name.
+    pub headers: std::collections::HashMap<String, String>,
+    /// The body, as text.
+    pub body: String,
+}
+
+impl HttpAnswer {
+    /// The body as JSON; panics naming it when it is not.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.body))
+    }
+}
+
+/// One HTTP/1.0 request (the server closes the connection after the answer).
+pub async fn http_request(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&serde_json::Value>,
+) -> HttpAnswer {
+    let mut head = format!("{method} {path} HTTP/1.0\r\nHost: {address}\r\n");
+    if let Some(token) = token {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    let body = body.map(serde_json::Value::to_string).unwrap_or_default();
+    if method == "POST" {
+        head.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(address).await?;
         stream
-            .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .write_all(format!("{head}\r\n{body}").as_bytes())
             .await?;
         let mut response = String::new();
         stream.read_to_string(&mut response).await?;
@@ -437,15 +478,24 @@ pub async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
     };
     let response = tokio::time::timeout(Duration::from_secs(10), exchange)
         .await
-        .unwrap_or_else(|_| panic!("GET {path}: no answer within 10 s"))
-        .unwrap_or_else(|error| panic!("GET {path}: {error}"));
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer within 10 s"))
+        .unwrap_or_else(|error| panic!("{method} {path}: {error}"));
     let (head, body) = response
         .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("GET {path}: not an HTTP response: {response:?}"));
-    let status = head
-        .split(' ')
-        .nth(1)
+        .unwrap_or_else(|| panic!("{method} {path}: not HTTP: {response:?}"));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
         .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("GET {path}: no status in {head:?}"));
-    (status, body.to_owned())
+        .unwrap_or_else(|| panic!("{method} {path}: no status in {head:?}"));
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    HttpAnswer {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
 }
