@@ -308,17 +308,24 @@ async function openEvent(id) {
 
 // Requeueing: a dry run counts, the user confirms, then the requeue.
 
+// The requeue of `selection` (a dry run when `dryRun`): how many events it selects, or null
+// once a refusal was shown (or the token no longer signs in).
+async function requeue(selection, dryRun) {
+  const path = "/api/v1/outboxes/" + encodeURIComponent(state.outbox) + "/requeue";
+  const answer = await api("POST", path, Object.assign({ dry_run: dryRun }, selection));
+  if (signedOutBy(answer)) return null;
+  if (answer.status !== 200) {
+    say("action-result", refusal(answer), "error");
+    return null;
+  }
+  return answer.body.count;
+}
+
 async function askRequeue(selection) {
   cancelRequeue();
   say("action-result", "");
-  const path = "/api/v1/outboxes/" + encodeURIComponent(state.outbox) + "/requeue";
-  const answer = await api("POST", path, Object.assign({ dry_run: true }, selection));
-  if (signedOutBy(answer)) return;
-  if (answer.status !== 200) {
-    say("action-result", refusal(answer), "error");
-    return;
-  }
-  const count = answer.body.count;
+  const count = await requeue(selection, true);
+  if (count === null) return;
   if (count === 0) {
     say("action-result", "No dead events match: nothing to requeue.");
     return;
@@ -338,14 +345,8 @@ async function confirmRequeue() {
   const selection = state.pending;
   cancelRequeue();
   if (selection === null) return;
-  const path = "/api/v1/outboxes/" + encodeURIComponent(state.outbox) + "/requeue";
-  const answer = await api("POST", path, Object.assign({ dry_run: false }, selection));
-  if (signedOutBy(answer)) return;
-  if (answer.status !== 200) {
-    say("action-result", refusal(answer), "error");
-    return;
-  }
-  const count = answer.body.count;
+  const count = await requeue(selection, false);
+  if (count === null) return;
   say("action-result", "Requeued " + count + (count === 1 ? " event." : " events."), "ok");
   loadPage(0, null);
   loadOutboxes();
